@@ -1,0 +1,137 @@
+'use strict'
+// A thin wrapper over the generated binding: the LockError class, AbortSignal wiring and
+// the logger adapter. Every lock decision is made in Rust (src/).
+
+const native = require('./binding.js')
+
+const LockErrorCode = Object.freeze(Object.fromEntries(native.errorCodes().map((code) => [code, code])))
+
+class LockError extends Error {
+  constructor(code, message, options) {
+    super(message, options)
+    this.name = 'LockError'
+    this.code = code
+  }
+}
+
+// Shaped as @dokebi/redis shapes its errors, so callers classify by structure.
+class RedisError extends Error {
+  constructor({ code, outcome, retryable, serverCode, message }) {
+    super(message)
+    this.name = 'RedisError'
+    this.plugin = 'dokebi-redis'
+    this.code = code
+    this.outcome = outcome
+    this.retryable = retryable
+    if (retryable) this.status = 503
+    if (serverCode) this.serverCode = serverCode
+  }
+}
+
+function toLockError(native, signal) {
+  let cause
+  if (native.code === LockErrorCode.ABORTED && signal) cause = signal.reason
+  else if (native.cause) cause = new RedisError(native.cause)
+  else if (native.causes) cause = new AggregateError(native.causes.map((c) => toLockError(c)), native.message)
+  return new LockError(native.code, native.message, cause === undefined ? undefined : { cause })
+}
+
+function invalidOptions(message) {
+  return new LockError(LockErrorCode.INVALID_OPTIONS, message)
+}
+
+function parseRedisLockBackend(input) {
+  const parsed = native.parseBackend(input)
+  if (parsed.driver !== 'redis') throw toLockError(parsed)
+  return parsed
+}
+
+// pino-style `(fields, message)`; a missing level or a throwing logger never breaks a lock.
+function logAdapter(logger) {
+  if (logger == null) return undefined
+  return (level, fields, message) => {
+    const log = logger[level]
+    if (typeof log !== 'function') return
+    const out = { code: fields.code }
+    if (fields.reason != null) out.reason = fields.reason
+    if (fields.policy != null) out.policy = fields.policy
+    if (fields.cause != null) out.cause = new RedisError(fields.cause)
+    try {
+      log.call(logger, out, message)
+    } catch {}
+  }
+}
+
+class Lease {
+  #native
+  #key
+  constructor(key, nativeLease) {
+    this.#key = key
+    this.#native = nativeLease
+    Object.defineProperty(this, 'fence', { value: nativeLease.fence, enumerable: true })
+  }
+  get key() {
+    return this.#key
+  }
+  get valid() {
+    return this.#native.valid
+  }
+  get remainingMs() {
+    return this.#native.remainingMs
+  }
+  async release() {
+    const released = await this.#native.release()
+    if (typeof released === 'boolean') return released
+    throw toLockError(released)
+  }
+  async renew() {
+    const failed = await this.#native.renew()
+    if (failed) throw toLockError(failed)
+  }
+}
+
+const ACQUIRE_OPTIONS = new Set(['signal', 'waitTimeoutMs'])
+
+function createRedisLockDriver(connection, options, logger) {
+  if (logger != null && typeof logger !== 'object' && typeof logger !== 'function') {
+    throw invalidOptions('logger must be an object with debug/info/warn/error methods')
+  }
+  const created = native.createDriver(connection, options, logAdapter(logger))
+  if (!(created instanceof native.NativeDriver)) throw toLockError(created)
+  const backend = created
+
+  async function acquire(key, acquireOptions = {}) {
+    if (acquireOptions === null || typeof acquireOptions !== 'object') {
+      throw invalidOptions('acquire options must be an object')
+    }
+    for (const name of Object.keys(acquireOptions)) {
+      if (!ACQUIRE_OPTIONS.has(name)) throw invalidOptions(`acquire options has an unknown field; known fields: signal, waitTimeoutMs`)
+    }
+    const { signal, waitTimeoutMs } = acquireOptions
+    if (signal !== undefined && !(signal instanceof AbortSignal)) {
+      throw invalidOptions('acquire options.signal must be an AbortSignal')
+    }
+    if (signal?.aborted) {
+      throw new LockError(LockErrorCode.ABORTED, 'the acquire was aborted by its signal', { cause: signal.reason })
+    }
+    const cancel = new native.CancelToken()
+    const onAbort = () => cancel.cancel()
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      const result = await backend.acquire(key, waitTimeoutMs, cancel)
+      if (result instanceof native.NativeLease) return new Lease(key, result)
+      throw toLockError(result, signal)
+    } finally {
+      signal?.removeEventListener('abort', onAbort)
+    }
+  }
+
+  async function shutdown() {
+    const failed = await backend.shutdown()
+    if (failed) throw toLockError(failed)
+  }
+
+  return Object.freeze({ driver: 'redis', acquire, shutdown })
+}
+
+module.exports = { createRedisLockDriver, parseRedisLockBackend, LockError, LockErrorCode }

@@ -1,0 +1,397 @@
+//! The one module that knows napi: it maps the plain-Rust driver to JS.
+//!
+//! Outcomes cross as tagged values (a lease, a flag, or a `NativeError` object) and
+//! index.js turns the error objects into `LockError`s: napi cannot reject with a custom
+//! error class or code (shared/NOTES.md).
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Once};
+
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{JsString, ValueType};
+use napi_derive::napi;
+use tokio_util::sync::CancellationToken;
+
+use crate::driver::Driver;
+use crate::error::{LockError, LockErrorCode, RedisFailure};
+use crate::events;
+use crate::lease::Lease;
+use crate::options::{self, Raw};
+
+/// A RedisError-shaped cause, as @dokebi/redis shapes its own.
+#[napi(object)]
+pub struct NativeRedisError {
+    pub code: String,
+    pub outcome: String,
+    pub retryable: bool,
+    pub server_code: Option<String>,
+    pub message: String,
+}
+
+/// A LockError on its way to index.js.
+#[napi(object)]
+pub struct NativeError {
+    pub code: String,
+    pub message: String,
+    pub cause: Option<NativeRedisError>,
+    pub causes: Option<Vec<NativeError>>,
+}
+
+impl From<&RedisFailure> for NativeRedisError {
+    fn from(f: &RedisFailure) -> Self {
+        Self {
+            code: f.code.as_str().to_owned(),
+            outcome: f.outcome.as_str().to_owned(),
+            retryable: f.retryable(),
+            server_code: f.server_code.clone(),
+            message: f.message.clone(),
+        }
+    }
+}
+
+impl From<LockError> for NativeError {
+    fn from(e: LockError) -> Self {
+        Self {
+            code: e.code.as_str().to_owned(),
+            message: e.message,
+            cause: e.cause.as_ref().map(NativeRedisError::from),
+            causes: (!e.causes.is_empty()).then(|| e.causes.into_iter().map(NativeError::from).collect()),
+        }
+    }
+}
+
+/// The codes of the contract, for `LockErrorCode` in index.js.
+#[napi]
+pub fn error_codes() -> Vec<&'static str> {
+    LockErrorCode::ALL.iter().map(|c| c.as_str()).collect()
+}
+
+/// A JS string's UTF-16 code units as they are, lone surrogates included. Call only after
+/// `get_type()` said String.
+fn utf16_units(value: &Unknown) -> Result<Vec<u16>> {
+    let string = unsafe { value.cast::<JsString>()? }.into_utf16()?;
+    // napi's buffer ends with the NUL terminator it asked V8 to write.
+    let units = string.as_slice();
+    Ok(units[..units.len().saturating_sub(1)].to_vec())
+}
+
+/// Mirrors a JS value for validation in Rust. Strings are read as UTF-16 so that a lone
+/// surrogate is seen, not silently replaced.
+fn to_raw(value: &Unknown, depth: u8) -> Result<Raw> {
+    Ok(match value.get_type()? {
+        ValueType::Undefined => Raw::Undefined,
+        ValueType::Null => Raw::Null,
+        ValueType::Boolean => Raw::Bool(unsafe { value.cast::<bool>()? }),
+        ValueType::Number => Raw::Number(unsafe { value.cast::<f64>()? }),
+        ValueType::String => {
+            match String::from_utf16(&utf16_units(value)?) {
+                Ok(s) => Raw::String(s),
+                Err(_) => Raw::Other("a malformed string"),
+            }
+        }
+        ValueType::Object if depth < 3 => {
+            let object = unsafe { value.cast::<Object>()? };
+            if object.is_array()? {
+                return Ok(Raw::Other("an array"));
+            }
+            let mut fields = Vec::new();
+            for name in Object::keys(&object)? {
+                let field: Unknown = object.get_named_property(&name)?;
+                fields.push((name, to_raw(&field, depth + 1)?));
+            }
+            Raw::Object(fields)
+        }
+        ValueType::Object => Raw::Other("a nested object"),
+        ValueType::Function => Raw::Other("a function"),
+        ValueType::Symbol => Raw::Other("a symbol"),
+        ValueType::BigInt => Raw::Other("a bigint"),
+        _ => Raw::Other("an unsupported value"),
+    })
+}
+
+/// `parseRedisLockBackend`: the validated options with defaults, or an error object.
+#[napi(object)]
+pub struct NativeBackendOptions {
+    pub driver: String,
+    pub connection: String,
+    pub namespace: String,
+    pub lease_ms: u32,
+    pub wait_timeout_ms: u32,
+    pub poll_interval_ms: u32,
+    pub notify_poll_interval_ms: u32,
+    pub max_waiters: u32,
+    pub max_tracked_leases: u32,
+    pub shutdown_timeout_ms: u32,
+    pub max_key_bytes: u32,
+}
+
+#[napi]
+pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, NativeError>> {
+    Ok(match options::parse_backend(&to_raw(&input, 0)?) {
+        Ok(o) => Either::A(NativeBackendOptions {
+            driver: "redis".to_owned(),
+            connection: o.connection,
+            namespace: o.namespace,
+            lease_ms: o.lease_ms,
+            wait_timeout_ms: o.wait_timeout_ms,
+            poll_interval_ms: o.poll_interval_ms,
+            notify_poll_interval_ms: o.notify_poll_interval_ms,
+            max_waiters: o.max_waiters,
+            max_tracked_leases: o.max_tracked_leases,
+            shutdown_timeout_ms: o.shutdown_timeout_ms,
+            max_key_bytes: o.max_key_bytes,
+        }),
+        Err(e) => Either::B(e.into()),
+    })
+}
+
+// --- logging -------------------------------------------------------------------------
+
+/// One log event for the JS logger adapter: `(level, fields, message)`.
+#[napi(object)]
+pub struct LogFields {
+    pub code: String,
+    pub reason: Option<String>,
+    pub policy: Option<String>,
+    pub cause: Option<NativeRedisError>,
+}
+
+/// Weak: a logger must never keep the Node process alive.
+type LogFn = ThreadsafeFunction<FnArgs<(String, LogFields, String)>, (), FnArgs<(String, LogFields, String)>, Status, false, true>;
+
+static LOGGERS: LazyLock<Mutex<HashMap<u64, Arc<LogFn>>>> = LazyLock::new(Default::default);
+
+fn loggers() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<LogFn>>> {
+    LOGGERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Routes the driver's `tracing` events to the logger of the driver that emitted them.
+struct JsLogLayer;
+
+#[derive(Default)]
+struct EventVisitor {
+    driver: u64,
+    code: String,
+    reason: Option<String>,
+    policy: Option<String>,
+    message: String,
+    cause: HashMap<String, String>,
+    cause_retryable: bool,
+}
+
+impl tracing::field::Visit for EventVisitor {
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        if field.name() == "driver" {
+            self.driver = value;
+        }
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        if field.name() == "cause.retryable" {
+            self.cause_retryable = value;
+        }
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "code" => self.code = value.to_owned(),
+            "reason" => self.reason = Some(value.to_owned()),
+            "policy" => self.policy = Some(value.to_owned()),
+            name => {
+                if let Some(key) = name.strip_prefix("cause.") {
+                    self.cause.insert(key.to_owned(), value.to_owned());
+                }
+            }
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for JsLogLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != events::TARGET {
+            return;
+        }
+        let mut v = EventVisitor::default();
+        event.record(&mut v);
+        let Some(logger) = loggers().get(&v.driver).cloned() else { return };
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warn",
+            tracing::Level::INFO => "info",
+            _ => "debug",
+        };
+        let cause = v.cause.get("code").map(|code| NativeRedisError {
+            code: code.clone(),
+            outcome: v.cause.get("outcome").cloned().unwrap_or_default(),
+            retryable: v.cause_retryable,
+            server_code: v.cause.get("server_code").cloned(),
+            message: v.cause.get("message").cloned().unwrap_or_default(),
+        });
+        let fields = LogFields { code: v.code, reason: v.reason, policy: v.policy, cause };
+        logger.call((level.to_owned(), fields, v.message).into(), ThreadsafeFunctionCallMode::NonBlocking);
+    }
+}
+
+fn install_log_layer() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        use tracing_subscriber::layer::SubscriberExt;
+        // Another global subscriber (an embedding app's) wins; then events go there.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(JsLogLayer));
+    });
+}
+
+// --- driver ----------------------------------------------------------------------------
+
+/// An AbortSignal's Rust side: index.js calls `cancel()` from the signal's abort listener.
+#[napi]
+pub struct CancelToken {
+    token: CancellationToken,
+}
+
+#[napi]
+impl CancelToken {
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Self { token: CancellationToken::new() }
+    }
+
+    #[napi]
+    pub fn cancel(&self) {
+        self.token.cancel();
+    }
+}
+
+#[napi]
+pub struct NativeDriver {
+    driver: Driver,
+}
+
+#[napi]
+pub fn create_driver(connection: Unknown, options: Unknown, log: Option<LogFn>) -> Result<Either<NativeDriver, NativeError>> {
+    let (connection, options) = (to_raw(&connection, 0)?, to_raw(&options, 0)?);
+    let created = options::parse_connection(&connection).and_then(|conn| {
+        let opts = options::parse_backend(&options)?;
+        if conn.name.as_ref().is_some_and(|name| *name != opts.connection) {
+            return Err(LockError::new(LockErrorCode::InvalidOptions, "connection.name must equal options.connection"));
+        }
+        Driver::new(&conn, opts)
+    });
+    let driver = match created {
+        Ok(driver) => driver,
+        Err(e) => return Ok(Either::B(e.into())),
+    };
+    if let Some(log) = log {
+        install_log_layer();
+        loggers().insert(driver.id(), Arc::new(log));
+    }
+    Ok(Either::A(NativeDriver { driver }))
+}
+
+fn key_units(key: &Unknown) -> Result<Option<Vec<u16>>> {
+    if key.get_type()? != ValueType::String {
+        return Ok(None);
+    }
+    utf16_units(key).map(Some)
+}
+
+#[napi]
+impl NativeDriver {
+    /// Resolves with a `NativeLease` or a `NativeError`; never rejects for lock outcomes.
+    #[napi(ts_return_type = "Promise<NativeLease | NativeError>")]
+    pub fn acquire<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown,
+        wait_timeout_ms: Unknown,
+        cancel: &CancelToken,
+    ) -> Result<PromiseRaw<'env, Either<NativeLease, NativeError>>> {
+        let driver = self.driver.clone();
+        let wait_timeout_ms = to_raw(&wait_timeout_ms, 0)?;
+        let checked = match key_units(&key)? {
+            None => Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must be a string")),
+            Some(units) => driver.validate_key(&units),
+        }
+        .and_then(|key| Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?)));
+        let token = cancel.token.clone();
+        env.spawn_future(async move {
+            let (key, wait_ms) = match checked {
+                Ok(checked) => checked,
+                Err(e) => return Ok(Either::B(e.into())),
+            };
+            Ok(match driver.acquire(&key, Some(wait_ms), token).await {
+                Ok(lease) => Either::A(NativeLease { driver, lease }),
+                Err(e) => Either::B(e.into()),
+            })
+        })
+    }
+
+    /// Resolves with nothing, or a `NativeError` (CLEANUP_TIMEOUT / CLEANUP_FAILED).
+    #[napi(ts_return_type = "Promise<NativeError | null>")]
+    pub fn shutdown<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
+        let driver = self.driver.clone();
+        env.spawn_future(async move { Ok(driver.shutdown().await.err().map(NativeError::from)) })
+    }
+
+    #[napi(getter)]
+    pub fn tracked_leases(&self) -> u32 {
+        self.driver.tracked_leases() as u32
+    }
+
+    #[napi(getter)]
+    pub fn waiters(&self) -> u32 {
+        self.driver.waiters() as u32
+    }
+}
+
+impl Drop for NativeDriver {
+    fn drop(&mut self) {
+        loggers().remove(&self.driver.id());
+    }
+}
+
+#[napi]
+pub struct NativeLease {
+    driver: Driver,
+    lease: Arc<Lease>,
+}
+
+#[napi]
+impl NativeLease {
+    #[napi(getter)]
+    pub fn fence(&self) -> String {
+        self.lease.fence.clone()
+    }
+
+    #[napi(getter)]
+    pub fn valid(&self) -> bool {
+        self.lease.valid()
+    }
+
+    #[napi(getter)]
+    pub fn remaining_ms(&self) -> f64 {
+        self.lease.remaining_ms() as f64
+    }
+
+    #[napi(ts_return_type = "Promise<boolean | NativeError>")]
+    pub fn release<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
+        let (driver, lease) = (self.driver.clone(), self.lease.clone());
+        env.spawn_future(async move {
+            Ok(match driver.release(&lease).await {
+                Ok(released) => Either::A(released),
+                Err(e) => Either::B(e.into()),
+            })
+        })
+    }
+
+    #[napi(ts_return_type = "Promise<NativeError | null>")]
+    pub fn renew<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
+        let (driver, lease) = (self.driver.clone(), self.lease.clone());
+        env.spawn_future(async move { Ok(driver.renew(&lease).await.err().map(NativeError::from)) })
+    }
+}

@@ -1,0 +1,205 @@
+//! One lazily opened, multiplexed Redis connection per backend, and script calls on it.
+//!
+//! Failures are classified where they happen: a connect that fails sent nothing
+//! (`not-submitted`); once a command is queued on the multiplexed connection, redis-rs
+//! cannot say whether Redis saw it, so an I/O failure there is `unknown` (decision 0003).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Value};
+
+use crate::error::RedisFailure;
+use crate::events;
+use crate::options::ConnectionOptions;
+use crate::scripts::LuaScript;
+
+/// A connection of a known generation, so a failure resets only the connection it hit.
+#[derive(Clone)]
+pub struct Conn {
+    inner: MultiplexedConnection,
+    generation: u64,
+}
+
+type Connecting = Shared<BoxFuture<'static, Result<Conn, RedisFailure>>>;
+
+enum State {
+    Idle,
+    /// Every caller awaits the same attempt, so a slow or refused connect is paid once.
+    Connecting(u64, Connecting),
+    Connected(Conn),
+}
+
+pub struct RedisLink {
+    client: Client,
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    pub command_timeout: Duration,
+    state: Mutex<State>,
+    generation: AtomicU64,
+    /// After shutdown, late cleanups still connect but nothing is kept open.
+    closed: AtomicBool,
+    checked_eviction: AtomicBool,
+    driver_id: u64,
+}
+
+/// A script with its keys and arguments, ready to send.
+pub struct ScriptCall {
+    pub script: &'static LuaScript,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+impl ScriptCall {
+    fn command(&self, by_sha: bool) -> redis::Cmd {
+        let mut cmd = if by_sha { redis::cmd("EVALSHA") } else { redis::cmd("EVAL") };
+        cmd.arg(if by_sha { self.script.sha() } else { self.script.source }).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+}
+
+impl RedisLink {
+    pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
+        let client = Client::open(options.url.as_str())?;
+        let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
+        // Replies are timed here, not by redis-rs: a late reply must still reach us so an
+        // acquire that succeeded after its caller gave up can be cleaned up.
+        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
+        Ok(Self {
+            client,
+            config,
+            connect_timeout,
+            command_timeout: Duration::from_millis(options.command_timeout_ms.into()),
+            state: Mutex::new(State::Idle),
+            generation: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            checked_eviction: AtomicBool::new(false),
+            driver_id,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shared connection, opened on first use.
+    pub async fn connection(self: &Arc<Self>) -> Result<Conn, RedisFailure> {
+        let (generation, attempt) = {
+            let mut state = self.state();
+            match &*state {
+                State::Connected(conn) => return Ok(conn.clone()),
+                State::Connecting(generation, attempt) => (*generation, attempt.clone()),
+                State::Idle => {
+                    let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                    let attempt = self.clone().open(generation).boxed().shared();
+                    *state = State::Connecting(generation, attempt.clone());
+                    (generation, attempt)
+                }
+            }
+        };
+        let result = attempt.await;
+        let mut state = self.state();
+        if matches!(&*state, State::Connecting(g, _) if *g == generation) {
+            *state = match &result {
+                Ok(conn) if !self.closed.load(Ordering::Acquire) => State::Connected(conn.clone()),
+                _ => State::Idle,
+            };
+        }
+        result
+    }
+
+    async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
+        let connect = self.client.get_multiplexed_async_connection_with_config(&self.config);
+        let inner = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Err(_) => return Err(RedisFailure::connect_timeout()),
+            Ok(Err(err)) => return Err(RedisFailure::connect(&err)),
+            Ok(Ok(inner)) => inner,
+        };
+        let conn = Conn { inner, generation };
+        if !self.checked_eviction.swap(true, Ordering::AcqRel) {
+            tokio::spawn(check_eviction_policy(conn.clone(), self.driver_id));
+        }
+        Ok(conn)
+    }
+
+    /// Drops `conn` if it is still the shared one, so the next command reconnects.
+    pub fn forget(&self, conn: &Conn) {
+        let mut state = self.state();
+        if matches!(&*state, State::Connected(c) if c.generation == conn.generation) {
+            *state = State::Idle;
+        }
+    }
+
+    /// Closes the shared connection; commands still in flight keep their own handle.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        *self.state() = State::Idle;
+    }
+
+    /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
+    /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
+    pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
+        let mut inner = conn.inner.clone();
+        let mut reply = send(&mut inner, &call.command(true)).await;
+        if matches!(&reply, Err(f) if f.is_no_script()) {
+            reply = send(&mut inner, &call.command(false)).await;
+        }
+        if matches!(&reply, Err(f) if !f.surely_not_applied()) {
+            self.forget(conn);
+        }
+        reply
+    }
+
+    /// Connects if needed, then runs the script within commandTimeoutMs. Also returns the
+    /// moment the command was submitted, where lease deadlines start.
+    pub async fn run(self: &Arc<Self>, call: &ScriptCall) -> Result<(Value, Instant), RedisFailure> {
+        let conn = self.connection().await?;
+        let submitted = Instant::now();
+        match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
+            Ok(reply) => reply.map(|v| (v, submitted)),
+            Err(_) => {
+                // Later commands would queue behind the stalled one on this connection.
+                self.forget(&conn);
+                Err(RedisFailure::command_timeout())
+            }
+        }
+    }
+}
+
+async fn send(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
+    conn.send_packed_command(cmd).await.and_then(Value::extract_error).map_err(|e| RedisFailure::command(&e))
+}
+
+/// Reads `maxmemory-policy` through INFO (allowed where CONFIG is not) and warns when Redis
+/// may evict lock keys. A denied INFO is not an error: the check is advice.
+async fn check_eviction_policy(conn: Conn, driver_id: u64) {
+    let mut inner = conn.inner;
+    let mut info = redis::cmd("INFO");
+    info.arg("memory");
+    let reply = info.query_async::<String>(&mut inner);
+    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), reply).await else { return };
+    if let Some(policy) = maxmemory_policy(&info) {
+        if policy != "noeviction" {
+            events::eviction_unsafe(driver_id, policy);
+        }
+    }
+}
+
+pub fn maxmemory_policy(info: &str) -> Option<&str> {
+    info.lines().find_map(|line| line.strip_prefix("maxmemory_policy:")).map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_is_read_from_info_memory() {
+        let info = "# Memory\r\nused_memory:1\r\nmaxmemory_policy:allkeys-lru\r\nmem_fragmentation_ratio:1.0\r\n";
+        assert_eq!(maxmemory_policy(info), Some("allkeys-lru"));
+        assert_eq!(maxmemory_policy("# Memory\r\n"), None);
+    }
+}

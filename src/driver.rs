@@ -1,0 +1,351 @@
+//! The backend: acquire with its wait, release, renew. Plain Rust; the binding maps it to JS.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connection::{RedisLink, ScriptCall};
+use crate::error::{LockError, LockErrorCode, Outcome, RedisFailure};
+use crate::keys::{self, KeyNames};
+use crate::lease::{new_token, Lease, Registry};
+use crate::options::{BackendOptions, ConnectionOptions};
+use crate::scripts::{self, AcquireReply};
+use crate::waiters::{InProgress, Lines};
+
+static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A lock backend on one Redis. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Driver {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub id: u64,
+    pub options: BackendOptions,
+    pub link: Arc<RedisLink>,
+    pub channel: String,
+    pub leases: Registry,
+    pub lines: Arc<Lines>,
+    pub in_progress: InProgress,
+    /// Cancelled when shutdown begins: stops every wait.
+    pub stopping: CancellationToken,
+    /// Every task that talks to Redis, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Background cleanups that failed while shutdown was running.
+    pub cleanup_failures: Mutex<Vec<LockError>>,
+    pub shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
+}
+
+/// What one acquire attempt came to.
+enum Attempt {
+    Acquired(Arc<Lease>),
+    Busy(Option<i64>),
+    Failed(RedisFailure),
+}
+
+impl Driver {
+    /// Validates nothing itself: pass options from [`crate::options`]. Connects lazily.
+    pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
+        let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
+        let link = RedisLink::new(connection, id)
+            .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))?;
+        let channel = keys::released_channel(&options.namespace);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                id,
+                options,
+                link: Arc::new(link),
+                channel,
+                leases: Registry::default(),
+                lines: Arc::new(Lines::default()),
+                in_progress: InProgress::default(),
+                stopping: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                cleanup_failures: Mutex::new(Vec::new()),
+                shutdown_result: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub fn options(&self) -> &BackendOptions {
+        &self.inner.options
+    }
+
+    /// Validates a key given as UTF-16 code units against this backend's maxKeyBytes.
+    pub fn validate_key(&self, units: &[u16]) -> Result<String, LockError> {
+        keys::validate_utf16(units, self.inner.options.max_key_bytes)
+    }
+
+    pub fn tracked_leases(&self) -> usize {
+        self.inner.leases.len()
+    }
+
+    pub fn waiters(&self) -> usize {
+        self.inner.lines.waiters()
+    }
+
+    /// Acquires `key`, waiting up to `wait_ms` (`None`: the backend's waitTimeoutMs).
+    /// `cancel` is the caller's AbortSignal.
+    pub async fn acquire(&self, key: &str, wait_ms: Option<u32>, cancel: CancellationToken) -> Result<Arc<Lease>, LockError> {
+        let inner = &self.inner;
+        let options = &inner.options;
+        if inner.stopping.is_cancelled() {
+            return Err(LockError::shut_down());
+        }
+        if cancel.is_cancelled() {
+            return Err(LockError::aborted());
+        }
+        let _in_progress = inner.in_progress.enter(options.max_waiters as usize)?;
+        if inner.leases.len() >= options.max_tracked_leases as usize {
+            return Err(too_many_leases(options.max_tracked_leases));
+        }
+        let wait_ms = wait_ms.unwrap_or(options.wait_timeout_ms);
+        let deadline = Instant::now() + Duration::from_millis(wait_ms.into());
+        let keys = Arc::new(KeyNames::new(&options.namespace, key));
+        let place = inner.lines.join(&keys.hash, wait_ms == 0)?;
+
+        tokio::select! {
+            biased;
+            _ = inner.stopping.cancelled() => return Err(LockError::shut_down()),
+            _ = cancel.cancelled() => return Err(LockError::aborted()),
+            _ = place.turn() => {}
+            _ = tokio::time::sleep_until(deadline.into()) => return Err(wait_timeout()),
+        }
+
+        // A failure ridden out while waiting; reported if the wait ends on it.
+        let mut last_failure: Option<RedisFailure>;
+        loop {
+            let mut reply = self.spawn_attempt(keys.clone());
+            let attempt = tokio::select! {
+                biased;
+                r = &mut reply => r.unwrap_or_else(|_| Attempt::Failed(RedisFailure::unexpected_reply())),
+                _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
+                _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
+            };
+            let delay = match attempt {
+                Attempt::Acquired(lease) => return self.track(lease),
+                Attempt::Busy(_) if wait_ms == 0 => {
+                    return Err(LockError::new(LockErrorCode::LockBusy, "the lock is held by another owner"))
+                }
+                Attempt::Busy(pttl) => {
+                    last_failure = None;
+                    match pttl {
+                        // Expired or gone in between: try again at once.
+                        Some(0) | Some(-2) => Duration::ZERO,
+                        Some(ms) if ms > 0 => Duration::from_millis(ms as u64).min(self.safety_interval()),
+                        // No expiry (-1) or an old script's nil: only the safety interval is known.
+                        _ => self.safety_interval(),
+                    }
+                }
+                Attempt::Failed(failure) if wait_ms > 0 && failure.rides_out_waiting() => {
+                    last_failure = Some(failure);
+                    Duration::from_millis(options.poll_interval_ms.into())
+                }
+                Attempt::Failed(failure) => return Err(LockError::from_redis(failure)),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(last_failure.map(LockError::from_redis).unwrap_or_else(wait_timeout));
+            }
+            let delay = delay.min(deadline - now);
+            if delay.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                biased;
+                _ = inner.stopping.cancelled() => return Err(LockError::shut_down()),
+                _ = cancel.cancelled() => return Err(LockError::aborted()),
+                _ = place.line.wake.notified() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// After giving up on an attempt in flight: closing the channel makes the attempt task
+    /// see the waiter gone and clean up any lease still to come; a lease that had already
+    /// arrived is cleaned up here, so none is dropped on the floor.
+    fn salvage(&self, mut reply: oneshot::Receiver<Attempt>) {
+        reply.close();
+        if let Ok(Attempt::Acquired(lease)) = reply.try_recv() {
+            self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.expiry_bound());
+        }
+    }
+
+    /// How long a waiter sleeps without other news.
+    fn safety_interval(&self) -> Duration {
+        Duration::from_millis(self.inner.options.poll_interval_ms.into())
+    }
+
+    fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
+        let max = self.inner.options.max_tracked_leases;
+        if self.inner.leases.insert(lease.clone(), max as usize) {
+            return Ok(lease);
+        }
+        // Other acquires filled the registry while this one was in flight: give it back.
+        lease.mark_released();
+        self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.expiry_bound());
+        Err(too_many_leases(max))
+    }
+
+    /// Runs one acquire script in its own task, so that a reply that arrives after the
+    /// caller gave up (aborted, timed out, shut down) is still seen and cleaned up.
+    fn spawn_attempt(&self, keys: Arc<KeyNames>) -> oneshot::Receiver<Attempt> {
+        let (tx, rx) = oneshot::channel();
+        let this = self.clone();
+        self.inner.tasks.spawn(async move {
+            let link = &this.inner.link;
+            let lease_ms = this.inner.options.lease_ms;
+            let token = new_token();
+            let call = ScriptCall {
+                script: &scripts::ACQUIRE,
+                keys: vec![keys.lock.clone(), keys.fence.clone()],
+                args: vec![token.clone(), lease_ms.to_string()],
+            };
+            let conn = match link.connection().await {
+                Ok(conn) => conn,
+                Err(failure) => {
+                    let _ = tx.send(Attempt::Failed(failure));
+                    return;
+                }
+            };
+            let submitted = Instant::now();
+            let eval = link.eval(&conn, &call);
+            tokio::pin!(eval);
+            let (reply, mut waiter) = tokio::select! {
+                reply = &mut eval => (reply, Some(tx)),
+                _ = tokio::time::sleep(link.command_timeout) => {
+                    link.forget(&conn);
+                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
+                    (eval.await, None)
+                }
+            };
+            let attempt = match reply {
+                Ok(value) => match scripts::parse_acquire(&value) {
+                    Some(AcquireReply::Acquired(fence)) => {
+                        Attempt::Acquired(Arc::new(Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted)))
+                    }
+                    Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
+                    None => Attempt::Failed(RedisFailure::unexpected_reply()),
+                },
+                Err(failure) => Attempt::Failed(failure),
+            };
+            // An unknown outcome may have left our token in Redis: take it back by token
+            // once Redis answers, so it does not block the key for a whole lease.
+            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
+            let expiry = submitted + Duration::from_millis(lease_ms.into());
+            let unclaimed = match waiter.take() {
+                Some(tx) => tx.send(attempt).err(),
+                None => Some(attempt),
+            };
+            if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
+                this.spawn_cleanup(keys, token, expiry);
+            }
+        });
+        rx
+    }
+
+    /// Releases `token` in the background, trying again until Redis answers or the key
+    /// has surely expired. Safe to repeat: the script deletes only our own token.
+    pub(crate) fn spawn_cleanup(&self, keys: Arc<KeyNames>, token: String, expiry: Instant) {
+        let this = self.clone();
+        self.inner.tasks.spawn(async move {
+            let mut pause = Duration::from_millis(this.inner.options.poll_interval_ms.into());
+            loop {
+                match this.release_token(&keys, &token).await {
+                    Ok(_) => return,
+                    Err(err) => {
+                        if Instant::now() + pause >= expiry {
+                            if this.inner.stopping.is_cancelled() {
+                                this.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
+                            }
+                            return;
+                        }
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
+    }
+
+    /// One release script for `token`: true when it deleted our key.
+    pub(crate) async fn release_token(&self, keys: &KeyNames, token: &str) -> Result<bool, LockError> {
+        let call = ScriptCall {
+            script: &scripts::RELEASE,
+            keys: vec![keys.lock.clone()],
+            args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.clone()],
+        };
+        let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
+        scripts::parse_flag(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
+    }
+
+    /// `lease.release()`: true when this call deleted our key, false when it was no longer
+    /// ours. Invalid from the moment it is called; a second call asks Redis nothing.
+    pub async fn release(&self, lease: &Arc<Lease>) -> Result<bool, LockError> {
+        if !lease.mark_released() {
+            return Ok(false);
+        }
+        let this = self.clone();
+        let lease = lease.clone();
+        // Tracked, so shutdown waits for releases in progress.
+        let task = self.inner.tasks.spawn(async move {
+            let released = this.release_token(&lease.keys, &lease.token).await;
+            // A failed release stays tracked: shutdown tries it again.
+            if released.is_ok() {
+                this.inner.leases.remove(lease.id);
+            }
+            released
+        });
+        task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply())))
+    }
+
+    /// `lease.renew()`: extends to leaseMs from this renew's submission.
+    pub async fn renew(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        if !lease.valid() {
+            return Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid"));
+        }
+        let call = ScriptCall {
+            script: &scripts::RENEW,
+            keys: vec![lease.keys.lock.clone()],
+            args: vec![lease.token.clone(), lease.lease_ms.to_string()],
+        };
+        let (value, submitted) = match self.inner.link.run(&call).await {
+            Ok(reply) => reply,
+            Err(failure) => {
+                if !failure.surely_not_applied() {
+                    lease.invalidate();
+                }
+                return Err(LockError::from_redis(failure));
+            }
+        };
+        match scripts::parse_flag(&value) {
+            Some(true) if lease.extend(submitted) => Ok(()),
+            Some(true) => Err(LockError::new(LockErrorCode::LeaseExpired, "the renew was confirmed after the lease expired")),
+            Some(false) => {
+                lease.invalidate();
+                Err(LockError::new(LockErrorCode::LeaseLost, "the lock is no longer held by this lease"))
+            }
+            None => {
+                lease.invalidate();
+                Err(LockError::from_redis(RedisFailure::unexpected_reply()))
+            }
+        }
+    }
+}
+
+fn wait_timeout() -> LockError {
+    LockError::new(LockErrorCode::WaitTimeout, "the wait for the lock ran out")
+}
+
+fn too_many_leases(max: u32) -> LockError {
+    LockError::new(LockErrorCode::TooManyLeases, format!("maxTrackedLeases ({max}) leases are already tracked"))
+}

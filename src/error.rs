@@ -1,0 +1,325 @@
+//! Error codes of the public contract and the classification of Redis failures.
+//!
+//! Messages are written here, never forwarded from Redis or the OS: a server's text can
+//! name an ACL user and an OS error can name an address, and neither may leave the driver.
+
+use std::fmt;
+
+/// `LockError.code` of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockErrorCode {
+    InvalidOptions,
+    InvalidKey,
+    LockBusy,
+    WaitTimeout,
+    QueueFull,
+    TooManyLeases,
+    Aborted,
+    ShutDown,
+    LeaseExpired,
+    LeaseLost,
+    ProviderFailed,
+    OutcomeUnknown,
+    CleanupTimeout,
+    CleanupFailed,
+}
+
+impl LockErrorCode {
+    pub const ALL: [LockErrorCode; 14] = [
+        Self::InvalidOptions,
+        Self::InvalidKey,
+        Self::LockBusy,
+        Self::WaitTimeout,
+        Self::QueueFull,
+        Self::TooManyLeases,
+        Self::Aborted,
+        Self::ShutDown,
+        Self::LeaseExpired,
+        Self::LeaseLost,
+        Self::ProviderFailed,
+        Self::OutcomeUnknown,
+        Self::CleanupTimeout,
+        Self::CleanupFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidOptions => "INVALID_OPTIONS",
+            Self::InvalidKey => "INVALID_KEY",
+            Self::LockBusy => "LOCK_BUSY",
+            Self::WaitTimeout => "WAIT_TIMEOUT",
+            Self::QueueFull => "QUEUE_FULL",
+            Self::TooManyLeases => "TOO_MANY_LEASES",
+            Self::Aborted => "ABORTED",
+            Self::ShutDown => "SHUT_DOWN",
+            Self::LeaseExpired => "LEASE_EXPIRED",
+            Self::LeaseLost => "LEASE_LOST",
+            Self::ProviderFailed => "PROVIDER_FAILED",
+            Self::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            Self::CleanupTimeout => "CLEANUP_TIMEOUT",
+            Self::CleanupFailed => "CLEANUP_FAILED",
+        }
+    }
+}
+
+impl fmt::Display for LockErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether Redis may have applied a failed command (the `outcome` of a RedisError).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Surely never reached Redis.
+    NotSubmitted,
+    /// Sent; Redis may or may not have run it.
+    Unknown,
+    /// Redis answered with an error reply: it did not run it.
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotSubmitted => "not-submitted",
+            Self::Unknown => "unknown",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// The `code` of a RedisError, as @dokebi/redis names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisErrorCode {
+    ConnectionFailed,
+    ConnectionLost,
+    CommandTimeout,
+    CommandRejected,
+    UnexpectedReply,
+}
+
+impl RedisErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConnectionFailed => "CONNECTION_FAILED",
+            Self::ConnectionLost => "CONNECTION_LOST",
+            Self::CommandTimeout => "COMMAND_TIMEOUT",
+            Self::CommandRejected => "COMMAND_REJECTED",
+            Self::UnexpectedReply => "UNEXPECTED_REPLY",
+        }
+    }
+}
+
+/// A Redis failure, shaped like @dokebi/redis's RedisError so callers classify by structure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisFailure {
+    pub code: RedisErrorCode,
+    pub outcome: Outcome,
+    /// The first word of a server error reply (`OOM`, `NOPERM`, `LOADING`…); never its text.
+    pub server_code: Option<String>,
+    pub message: String,
+}
+
+/// Server error codes after which the same command may succeed later (contract: 503).
+const TRANSIENT_SERVER_CODES: [&str; 4] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"];
+/// Server error codes a waiting acquire rides out until its wait ends (contract).
+const RIDE_OUT_SERVER_CODES: [&str; 5] = ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM"];
+/// Refused credentials or permissions: waiting cannot fix them.
+const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
+
+impl RedisFailure {
+    pub fn new(code: RedisErrorCode, outcome: Outcome, message: impl Into<String>) -> Self {
+        Self { code, outcome, server_code: None, message: message.into() }
+    }
+
+    /// A connect that failed (refused, timed out, handshake refused): nothing was sent.
+    pub fn connect(err: &redis::RedisError) -> Self {
+        let server_code = server_code_of(err);
+        let message = match &server_code {
+            Some(code) => format!("Redis refused the connection handshake ({code})"),
+            None if err.is_timeout() => "connecting to Redis timed out".to_owned(),
+            None => "could not connect to Redis".to_owned(),
+        };
+        Self { code: RedisErrorCode::ConnectionFailed, outcome: Outcome::NotSubmitted, server_code, message }
+    }
+
+    pub fn connect_timeout() -> Self {
+        Self::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "connecting to Redis timed out")
+    }
+
+    /// A command that failed after it was handed to the connection.
+    pub fn command(err: &redis::RedisError) -> Self {
+        if let Some(code) = server_code_of(err) {
+            let message = format!("Redis rejected the command ({code})");
+            return Self {
+                code: RedisErrorCode::CommandRejected,
+                outcome: Outcome::Rejected,
+                server_code: Some(code),
+                message,
+            };
+        }
+        if err.is_timeout() {
+            return Self::command_timeout();
+        }
+        // redis-rs cannot tell a command that never left the process from one Redis ran
+        // once it was queued on the multiplexed connection (docs/decisions/0003).
+        Self::new(RedisErrorCode::ConnectionLost, Outcome::Unknown, "the connection to Redis was lost before the reply")
+    }
+
+    pub fn command_timeout() -> Self {
+        Self::new(RedisErrorCode::CommandTimeout, Outcome::Unknown, "Redis did not reply within commandTimeoutMs")
+    }
+
+    pub fn unexpected_reply() -> Self {
+        Self::new(RedisErrorCode::UnexpectedReply, Outcome::Unknown, "Redis sent a reply the lock scripts never produce")
+    }
+
+    /// `retryable: true` (and `status: 503`) where the same call may succeed later.
+    pub fn retryable(&self) -> bool {
+        match self.code {
+            RedisErrorCode::ConnectionFailed => !self.is_refusal(),
+            RedisErrorCode::ConnectionLost | RedisErrorCode::CommandTimeout => true,
+            RedisErrorCode::CommandRejected => self.server_code_in(&TRANSIENT_SERVER_CODES),
+            RedisErrorCode::UnexpectedReply => false,
+        }
+    }
+
+    /// A waiting acquire tries again after this failure instead of giving up.
+    pub fn rides_out_waiting(&self) -> bool {
+        match self.code {
+            RedisErrorCode::ConnectionFailed => !self.is_refusal(),
+            RedisErrorCode::CommandRejected => self.server_code_in(&RIDE_OUT_SERVER_CODES),
+            _ => false,
+        }
+    }
+
+    /// The command surely had no effect (PROVIDER_FAILED rather than OUTCOME_UNKNOWN).
+    pub fn surely_not_applied(&self) -> bool {
+        matches!(self.outcome, Outcome::NotSubmitted | Outcome::Rejected)
+    }
+
+    pub fn is_no_script(&self) -> bool {
+        self.server_code.as_deref() == Some("NOSCRIPT")
+    }
+
+    fn is_refusal(&self) -> bool {
+        self.server_code_in(&REFUSAL_SERVER_CODES)
+    }
+
+    fn server_code_in(&self, codes: &[&str]) -> bool {
+        self.server_code.as_deref().is_some_and(|c| codes.contains(&c))
+    }
+}
+
+/// The error-reply code of a server error, or `None` for client-side failures.
+fn server_code_of(err: &redis::RedisError) -> Option<String> {
+    use redis::ErrorKind;
+    match err.kind() {
+        ErrorKind::Server(_) | ErrorKind::Extension => err.code().map(sanitize_code),
+        ErrorKind::AuthenticationFailed => Some(err.code().map(sanitize_code).unwrap_or_else(|| "WRONGPASS".to_owned())),
+        _ => None,
+    }
+}
+
+/// Error codes are a single upper-case word; anything else is not passed on.
+fn sanitize_code(code: &str) -> String {
+    if !code.is_empty() && code.len() <= 32 && code.bytes().all(|b| b.is_ascii_uppercase() || b == b'_' || b.is_ascii_digit()) {
+        code.to_owned()
+    } else {
+        "ERR".to_owned()
+    }
+}
+
+/// A `LockError` of the contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LockError {
+    pub code: LockErrorCode,
+    pub message: String,
+    /// The Redis failure behind PROVIDER_FAILED / OUTCOME_UNKNOWN.
+    pub cause: Option<RedisFailure>,
+    /// The failures behind CLEANUP_FAILED (an AggregateError in JS).
+    pub causes: Vec<LockError>,
+}
+
+impl LockError {
+    pub fn new(code: LockErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), cause: None, causes: Vec::new() }
+    }
+
+    /// PROVIDER_FAILED or OUTCOME_UNKNOWN, by whether the command may have taken effect.
+    pub fn from_redis(failure: RedisFailure) -> Self {
+        let (code, message) = if failure.surely_not_applied() {
+            (LockErrorCode::ProviderFailed, format!("Redis failed and the command did not take effect: {}", failure.message))
+        } else {
+            (LockErrorCode::OutcomeUnknown, format!("the outcome of the Redis command is unknown: {}", failure.message))
+        };
+        Self { code, message, cause: Some(failure), causes: Vec::new() }
+    }
+
+    pub fn aborted() -> Self {
+        Self::new(LockErrorCode::Aborted, "the acquire was aborted by its signal")
+    }
+
+    pub fn shut_down() -> Self {
+        Self::new(LockErrorCode::ShutDown, "the lock driver is shutting down")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(text: &str) -> redis::RedisError {
+        let parsed = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        match parsed {
+            redis::Value::ServerError(e) => e.into(),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_error_reply_is_provider_failed_and_never_carries_server_text() {
+        let f = RedisFailure::command(&server_error("NOPERM User alice has no permissions to run the 'evalsha' command"));
+        assert_eq!(f.code, RedisErrorCode::CommandRejected);
+        assert_eq!(f.outcome, Outcome::Rejected);
+        assert_eq!(f.server_code.as_deref(), Some("NOPERM"));
+        assert!(!f.message.contains("alice"));
+        assert!(!f.retryable());
+        assert!(!f.rides_out_waiting());
+        assert_eq!(LockError::from_redis(f).code, LockErrorCode::ProviderFailed);
+    }
+
+    #[test]
+    fn transient_server_errors_are_retryable_and_ridden_out() {
+        for code in ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"] {
+            let f = RedisFailure::command(&server_error(&format!("{code} try later")));
+            assert!(f.retryable(), "{code}");
+            assert!(f.rides_out_waiting(), "{code}");
+        }
+        let oom = RedisFailure::command(&server_error("OOM command not allowed"));
+        assert!(!oom.retryable());
+        assert!(oom.rides_out_waiting());
+    }
+
+    #[test]
+    fn io_failure_after_submission_is_outcome_unknown() {
+        let io: redis::RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+        let f = RedisFailure::command(&io);
+        assert_eq!(f.outcome, Outcome::Unknown);
+        assert!(f.retryable());
+        assert_eq!(LockError::from_redis(f).code, LockErrorCode::OutcomeUnknown);
+    }
+
+    #[test]
+    fn connect_failure_is_not_submitted_unless_credentials_are_refused() {
+        let refused: redis::RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        let f = RedisFailure::connect(&refused);
+        assert_eq!((f.code, f.outcome), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted));
+        assert!(f.retryable() && f.rides_out_waiting());
+        let wrongpass = RedisFailure::connect(&server_error("WRONGPASS invalid username-password pair"));
+        assert!(!wrongpass.retryable() && !wrongpass.rides_out_waiting());
+        assert_eq!(LockError::from_redis(wrongpass).code, LockErrorCode::ProviderFailed);
+    }
+}

@@ -1,0 +1,42 @@
+//! Log events of the contract, emitted as `tracing` events under one target.
+//!
+//! Each carries the driver's id so the binding can hand it to that driver's logger, and a
+//! `code` field. Fields never hold a key, a token, a password or an address.
+
+use crate::error::RedisFailure;
+
+pub const TARGET: &str = "dokebi_lock_redis::event";
+
+pub fn eviction_unsafe(driver: u64, policy: &str) {
+    tracing::error!(
+        target: TARGET,
+        driver,
+        code = "REDIS_EVICTION_UNSAFE",
+        policy,
+        "Redis may evict lock keys: maxmemory-policy must be noeviction for locks"
+    );
+}
+
+pub fn notify_unsupported(driver: u64) {
+    tracing::debug!(
+        target: TARGET,
+        driver,
+        code = "LOCK_NOTIFY_UNAVAILABLE",
+        reason = "unsupported",
+        "release notifications are unavailable; waiters poll"
+    );
+}
+
+pub fn notify_failed(driver: u64, cause: &RedisFailure) {
+    tracing::warn!(
+        target: TARGET,
+        driver,
+        code = "LOCK_NOTIFY_UNAVAILABLE",
+        reason = "failed",
+        cause.code = cause.code.as_str(),
+        cause.outcome = cause.outcome.as_str(),
+        cause.retryable = cause.retryable(),
+        cause.message = cause.message.as_str(),
+        "the release-notification subscription failed; waiters poll"
+    );
+}

@@ -1,0 +1,94 @@
+//! Lock keys: validation and the Redis key layout shared with every driver of a namespace.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{LockError, LockErrorCode};
+
+/// The Redis names of one lock key. The original key is not kept: it never reaches Redis,
+/// logs or errors, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyNames {
+    /// Lowercase hex SHA-256 of the key's UTF-8; also the release notification payload.
+    pub hash: String,
+    /// `<namespace>:lock:{<hash>}`, holds the owner token with PX.
+    pub lock: String,
+    /// `<namespace>:lock-fence:{<hash>}`, the fencing counter; never expires.
+    pub fence: String,
+}
+
+impl KeyNames {
+    pub fn new(namespace: &str, key: &str) -> Self {
+        let hash = hex::encode(Sha256::digest(key.as_bytes()));
+        // The shared hash tag {…} puts both keys in one Cluster slot, so one script can touch both.
+        Self { lock: format!("{namespace}:lock:{{{hash}}}"), fence: format!("{namespace}:lock-fence:{{{hash}}}"), hash }
+    }
+}
+
+/// `<namespace>:lock-released`, where release publishes the key hash.
+pub fn released_channel(namespace: &str) -> String {
+    format!("{namespace}:lock-released")
+}
+
+/// Validates a key given as UTF-16 code units, before any conversion: a lone surrogate
+/// would otherwise become U+FFFD and share a lock with a real U+FFFD.
+pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {
+    if units.is_empty() {
+        return Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must not be empty"));
+    }
+    let key = String::from_utf16(units).map_err(|_| {
+        LockError::new(LockErrorCode::InvalidKey, "the lock key must be well-formed UTF-16 (it has a lone surrogate)")
+    })?;
+    if key.len() > max_key_bytes as usize {
+        return Err(LockError::new(
+            LockErrorCode::InvalidKey,
+            format!("the lock key must be at most maxKeyBytes ({max_key_bytes}) UTF-8 bytes"),
+        ));
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utf16(s: &str) -> Vec<u16> {
+        s.encode_utf16().collect()
+    }
+
+    #[test]
+    fn layout_matches_the_contract() {
+        let k = KeyNames::new("svc", "job:1");
+        // sha256("job:1")
+        assert_eq!(k.hash, hex::encode(Sha256::digest(b"job:1")));
+        assert_eq!(k.hash.len(), 64);
+        assert!(k.hash.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)));
+        assert_eq!(k.lock, format!("svc:lock:{{{}}}", k.hash));
+        assert_eq!(k.fence, format!("svc:lock-fence:{{{}}}", k.hash));
+        assert_eq!(released_channel("svc"), "svc:lock-released");
+    }
+
+    #[test]
+    fn a_known_digest_is_lowercase_hex_of_the_utf8() {
+        assert_eq!(KeyNames::new("n", "abc").hash, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[test]
+    fn lone_surrogates_are_rejected_and_never_share_a_lock_with_replacement_char() {
+        let lone = validate_utf16(&[0xD800], 1024).unwrap_err();
+        assert_eq!(lone.code, LockErrorCode::InvalidKey);
+        assert!(validate_utf16(&[0x61, 0xDC00], 1024).is_err());
+        assert_eq!(validate_utf16(&utf16("\u{FFFD}"), 1024).unwrap(), "\u{FFFD}");
+        // A proper surrogate pair is fine.
+        assert_eq!(validate_utf16(&utf16("🔒"), 1024).unwrap(), "🔒");
+    }
+
+    #[test]
+    fn size_is_counted_in_utf8_bytes() {
+        assert!(validate_utf16(&utf16("é"), 2).is_ok());
+        assert!(validate_utf16(&utf16("é"), 1).is_err());
+        assert!(validate_utf16(&utf16(&"a".repeat(1024)), 1024).is_ok());
+        let e = validate_utf16(&utf16(&"secret".repeat(200)), 1024).unwrap_err();
+        assert!(!e.message.contains("secret"));
+        assert_eq!(validate_utf16(&[], 1024).unwrap_err().code, LockErrorCode::InvalidKey);
+    }
+}

@@ -1,0 +1,22 @@
+//! @dokebi/lock-redis: a Redis lease-lock driver whose Redis work runs in Rust on tokio.
+//!
+//! Everything but [`binding`] is plain Rust with no napi types, tested by `cargo test`.
+
+pub mod connection;
+pub mod driver;
+pub mod error;
+pub mod events;
+pub mod keys;
+pub mod lease;
+pub mod options;
+pub mod scripts;
+pub mod shutdown;
+pub mod waiters;
+
+#[cfg(feature = "node")]
+mod binding;
+
+pub use driver::Driver;
+pub use error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
+pub use lease::Lease;
+pub use options::{BackendOptions, ConnectionOptions, Raw};

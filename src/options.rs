@@ -1,0 +1,324 @@
+//! Backend options and the Redis connection, validated as the contract fixes them.
+//!
+//! Input arrives as [`Raw`], a plain mirror of a JS value, so validation lives here in Rust
+//! and sees `undefined`, `NaN` or a fraction exactly as the caller wrote them. Errors name
+//! the field and the rule, never the value: a URL holds a password.
+
+use crate::error::{LockError, LockErrorCode};
+
+/// A JS value as the binding hands it over.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Raw {
+    Undefined,
+    Null,
+    Bool(bool),
+    Number(f64),
+    String(String),
+    Object(Vec<(String, Raw)>),
+    /// Arrays, functions, symbols, bigints: never valid where options are read.
+    Other(&'static str),
+}
+
+impl Raw {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Raw::Undefined => "undefined",
+            Raw::Null => "null",
+            Raw::Bool(_) => "a boolean",
+            Raw::Number(_) => "a number",
+            Raw::String(_) => "a string",
+            Raw::Object(_) => "an object",
+            Raw::Other(name) => name,
+        }
+    }
+}
+
+pub const MAX_INT: u32 = i32::MAX as u32;
+
+/// The validated options of one backend (`parseRedisLockBackend`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendOptions {
+    pub connection: String,
+    pub namespace: String,
+    pub lease_ms: u32,
+    pub wait_timeout_ms: u32,
+    pub poll_interval_ms: u32,
+    pub notify_poll_interval_ms: u32,
+    pub max_waiters: u32,
+    pub max_tracked_leases: u32,
+    pub shutdown_timeout_ms: u32,
+    pub max_key_bytes: u32,
+}
+
+/// One integer field: its name, default and inclusive range.
+struct IntField {
+    name: &'static str,
+    default: u32,
+    min: u32,
+}
+
+const INT_FIELDS: [IntField; 8] = [
+    IntField { name: "leaseMs", default: 10_000, min: 1 },
+    IntField { name: "waitTimeoutMs", default: 5_000, min: 0 },
+    IntField { name: "pollIntervalMs", default: 25, min: 1 },
+    IntField { name: "notifyPollIntervalMs", default: 250, min: 1 },
+    IntField { name: "maxWaiters", default: 128, min: 1 },
+    IntField { name: "maxTrackedLeases", default: 10_000, min: 1 },
+    IntField { name: "shutdownTimeoutMs", default: 5_000, min: 0 },
+    IntField { name: "maxKeyBytes", default: 1_024, min: 1 },
+];
+
+fn invalid(message: String) -> LockError {
+    LockError::new(LockErrorCode::InvalidOptions, message)
+}
+
+/// An object's fields, after rejecting any name not in `known`.
+fn fields<'a>(what: &str, raw: &'a Raw, known: &[&str]) -> Result<&'a [(String, Raw)], LockError> {
+    let Raw::Object(fields) = raw else {
+        return Err(invalid(format!("{what} must be an object, not {}", raw.type_name())));
+    };
+    for (name, _) in fields {
+        if !known.contains(&name.as_str()) {
+            // The name of an unknown field is the caller's code, not a secret; it makes the typo findable.
+            let shown: String = name.chars().filter(|c| !c.is_control()).take(64).collect();
+            return Err(invalid(format!("{what} has an unknown field '{shown}'; known fields: {}", known.join(", "))));
+        }
+    }
+    Ok(fields)
+}
+
+/// A field's value; `undefined` counts as absent, as in an object spread from optional values.
+fn get<'a>(fields: &'a [(String, Raw)], name: &str) -> Option<&'a Raw> {
+    fields.iter().find(|(n, _)| n == name).map(|(_, v)| v).filter(|v| **v != Raw::Undefined)
+}
+
+/// A whole number in `min..=MAX_INT`.
+pub fn int_in_range(what: &str, raw: &Raw, min: u32) -> Result<u32, LockError> {
+    let rule = || invalid(format!("{what} must be an integer from {min} to {MAX_INT}"));
+    match raw {
+        Raw::Number(n) if n.is_finite() && n.fract() == 0.0 && *n >= f64::from(min) && *n <= f64::from(MAX_INT) => Ok(*n as u32),
+        _ => Err(rule()),
+    }
+}
+
+fn required_string<'a>(what: &str, raw: Option<&'a Raw>) -> Result<&'a str, LockError> {
+    match raw {
+        Some(Raw::String(s)) if !s.is_empty() => Ok(s),
+        Some(Raw::String(_)) => Err(invalid(format!("{what} must not be empty"))),
+        None => Err(invalid(format!("{what} is required"))),
+        Some(other) => Err(invalid(format!("{what} must be a string, not {}", other.type_name()))),
+    }
+}
+
+/// Validates backend options: unknown fields rejected, integers only, no invented defaults
+/// for `connection` and `namespace`.
+pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
+    let mut known = vec!["driver", "connection", "namespace"];
+    known.extend(INT_FIELDS.iter().map(|f| f.name));
+    let fields = fields("options", raw, &known)?;
+
+    match get(fields, "driver") {
+        Some(Raw::String(s)) if s == "redis" => {}
+        None => return Err(invalid("options.driver is required and must be 'redis'".to_owned())),
+        Some(_) => return Err(invalid("options.driver must be exactly 'redis'".to_owned())),
+    }
+    let connection = required_string("options.connection", get(fields, "connection"))?.to_owned();
+    let namespace = required_string("options.namespace", get(fields, "namespace"))?;
+    if namespace.chars().any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}') {
+        return Err(invalid(
+            "options.namespace must not contain whitespace, control characters, '{' or '}'".to_owned(),
+        ));
+    }
+
+    let mut ints = [0u32; INT_FIELDS.len()];
+    for (slot, field) in ints.iter_mut().zip(INT_FIELDS.iter()) {
+        *slot = match get(fields, field.name) {
+            None => field.default,
+            Some(v) => int_in_range(&format!("options.{}", field.name), v, field.min)?,
+        };
+    }
+    let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes] =
+        ints;
+    Ok(BackendOptions {
+        connection,
+        namespace: namespace.to_owned(),
+        lease_ms,
+        wait_timeout_ms,
+        poll_interval_ms,
+        notify_poll_interval_ms,
+        max_waiters,
+        max_tracked_leases,
+        shutdown_timeout_ms,
+        max_key_bytes,
+    })
+}
+
+/// Where and how to reach Redis. `url` may hold a password: it is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectionOptions {
+    pub url: String,
+    pub name: Option<String>,
+    pub connect_timeout_ms: u32,
+    pub command_timeout_ms: u32,
+}
+
+impl std::fmt::Debug for ConnectionOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionOptions")
+            .field("url", &"<redacted>")
+            .field("name", &self.name)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("command_timeout_ms", &self.command_timeout_ms)
+            .finish()
+    }
+}
+
+/// Defaults chosen in docs/decisions/0002: long enough for a loaded server, short enough
+/// that a stalled one is noticed well inside the default 5 s wait.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
+pub const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
+
+const SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+
+/// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
+pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
+    let (url, name, connect_timeout_ms, command_timeout_ms) = match raw {
+        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS),
+        Raw::Object(_) => {
+            let fields = fields(
+                "connection",
+                raw,
+                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls"],
+            )?;
+            // Accepted by the contract's type, built in a later version (issue: beyond one server).
+            if get(fields, "cluster").is_some_and(|v| *v != Raw::Bool(false)) {
+                return Err(invalid("connection.cluster is not supported by this version".to_owned()));
+            }
+            if get(fields, "tls").is_some() {
+                return Err(invalid("connection.tls is not supported by this version".to_owned()));
+            }
+            let url = required_string("connection.url", get(fields, "url"))?;
+            let name = match get(fields, "name") {
+                None => None,
+                Some(v) => Some(required_string("connection.name", Some(v))?.to_owned()),
+            };
+            let timeout = |field: &str, default| match get(fields, field) {
+                None => Ok(default),
+                Some(v) => int_in_range(&format!("connection.{field}"), v, 1),
+            };
+            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?)
+        }
+        other => {
+            return Err(invalid(format!("connection must be a URL string or an object with url, not {}", other.type_name())))
+        }
+    };
+    if url.is_empty() {
+        return Err(invalid("connection.url must not be empty".to_owned()));
+    }
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("rediss") => return Err(invalid("connection.url: rediss:// (TLS) is not supported by this version".to_owned())),
+        Some(s) if SCHEMES.contains(&s) => {}
+        _ => return Err(invalid("connection.url must start with redis://, rediss://, redis+unix:// or unix://".to_owned())),
+    }
+    if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+        return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
+    }
+    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms })
+}
+
+/// The per-call `waitTimeoutMs` of `acquire`, or the backend's default.
+pub fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockError> {
+    match raw {
+        Raw::Undefined => Ok(default),
+        v => int_in_range("acquire options.waitTimeoutMs", v, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(fields: &[(&str, Raw)]) -> Raw {
+        Raw::Object(fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
+    }
+    fn s(v: &str) -> Raw {
+        Raw::String(v.to_owned())
+    }
+    fn base() -> Vec<(&'static str, Raw)> {
+        vec![("driver", s("redis")), ("connection", s("main")), ("namespace", s("svc"))]
+    }
+    fn with(extra: (&'static str, Raw)) -> Raw {
+        let mut f = base();
+        f.push(extra);
+        obj(&f)
+    }
+    fn err(raw: &Raw) -> LockError {
+        parse_backend(raw).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn minimal_options_get_the_contract_defaults() {
+        let o = parse_backend(&obj(&base())).unwrap();
+        assert_eq!(
+            (o.lease_ms, o.wait_timeout_ms, o.poll_interval_ms, o.notify_poll_interval_ms),
+            (10_000, 5_000, 25, 250)
+        );
+        assert_eq!((o.max_waiters, o.max_tracked_leases, o.shutdown_timeout_ms, o.max_key_bytes), (128, 10_000, 5_000, 1_024));
+        assert_eq!((o.connection.as_str(), o.namespace.as_str()), ("main", "svc"));
+    }
+
+    #[test]
+    fn namespace_and_connection_never_get_defaults() {
+        for missing in ["namespace", "connection", "driver"] {
+            let f: Vec<_> = base().into_iter().filter(|(k, _)| *k != missing).collect();
+            let e = err(&obj(&f));
+            assert_eq!(e.code, LockErrorCode::InvalidOptions);
+            assert!(e.message.contains(missing), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_by_name() {
+        let e = err(&with(("leaseMS", Raw::Number(5.0))));
+        assert!(e.message.contains("'leaseMS'"), "{}", e.message);
+    }
+
+    #[test]
+    fn integers_only_within_range_and_the_value_is_never_echoed() {
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 2147483648.0, 0.0] {
+            let e = err(&with(("leaseMs", Raw::Number(bad))));
+            assert!(e.message.contains("leaseMs") && e.message.contains("integer from 1"), "{}", e.message);
+        }
+        let e = err(&with(("leaseMs", s("1000"))));
+        assert!(!e.message.contains("1000 "), "{}", e.message);
+        assert_eq!(parse_backend(&with(("waitTimeoutMs", Raw::Number(0.0)))).unwrap().wait_timeout_ms, 0);
+        assert_eq!(parse_backend(&with(("shutdownTimeoutMs", Raw::Number(0.0)))).unwrap().shutdown_timeout_ms, 0);
+        assert_eq!(parse_backend(&with(("leaseMs", Raw::Undefined))).unwrap().lease_ms, 10_000);
+    }
+
+    #[test]
+    fn namespace_rejects_braces_whitespace_and_controls() {
+        for bad in ["a b", "a{b", "a}b", "a\u{7}b", "", "tab\t"] {
+            let mut f = base();
+            f[2] = ("namespace", s(bad));
+            assert_eq!(err(&obj(&f)).code, LockErrorCode::InvalidOptions, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn connection_accepts_urls_and_objects_and_hides_the_url() {
+        let c = parse_connection(&s("redis://:hunter2@127.0.0.1:6379/0")).unwrap();
+        assert_eq!(c.command_timeout_ms, DEFAULT_COMMAND_TIMEOUT_MS);
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let c = parse_connection(&obj(&[("url", s("unix:///tmp/redis.sock")), ("name", s("main")), ("commandTimeoutMs", Raw::Number(50.0))])).unwrap();
+        assert_eq!((c.name.as_deref(), c.command_timeout_ms), (Some("main"), 50));
+        for bad in ["http://:secret@host:1", "secret-host:6379", ""] {
+            let e = parse_connection(&s(bad)).unwrap_err();
+            assert_eq!(e.code, LockErrorCode::InvalidOptions);
+            assert!(!e.message.contains("secret"), "{}", e.message);
+        }
+        let e = parse_connection(&obj(&[("url", s("redis://h")), ("port", Raw::Number(1.0))])).unwrap_err();
+        assert!(e.message.contains("'port'"));
+    }
+}

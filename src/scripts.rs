@@ -1,0 +1,101 @@
+//! The three Lua scripts and the validation of their replies.
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+
+/// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
+pub struct LuaScript {
+    pub name: &'static str,
+    pub source: &'static str,
+    script: Script,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, source: &'static str) -> Self {
+        Self { name, source, script: Script::new(source) }
+    }
+    pub fn sha(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
+pub static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
+pub static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
+pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+
+pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
+pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
+pub const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+
+/// What an acquire reply means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Ours, with this fence (a positive decimal string, compared as a big integer).
+    Acquired(String),
+    /// Held by another token; the holder's PTTL, or `None` from a pre-0.1.4 script.
+    Busy(Option<i64>),
+}
+
+/// Anything but a positive decimal string, an integer of at least -2, or nil is not a
+/// reply our script gives: the caller treats it as OUTCOME_UNKNOWN.
+pub fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
+    match reply {
+        Value::BulkString(bytes) => positive_decimal(bytes).map(AcquireReply::Acquired),
+        Value::SimpleString(s) => positive_decimal(s.as_bytes()).map(AcquireReply::Acquired),
+        Value::Int(pttl) if *pttl >= -2 => Some(AcquireReply::Busy(Some(*pttl))),
+        Value::Nil => Some(AcquireReply::Busy(None)),
+        _ => None,
+    }
+}
+
+fn positive_decimal(bytes: &[u8]) -> Option<String> {
+    let valid = !bytes.is_empty() && bytes.len() <= 20 && bytes[0] != b'0' && bytes.iter().all(u8::is_ascii_digit);
+    valid.then(|| String::from_utf8(bytes.to_vec()).ok()).flatten()
+}
+
+/// Release and renew answer 1 (done) or 0 (not ours); anything else is unexpected.
+pub fn parse_flag(reply: &Value) -> Option<bool> {
+    match reply {
+        Value::Int(1) => Some(true),
+        Value::Int(0) => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn acquire_reply_accepts_only_what_the_script_sends() {
+        assert_eq!(parse_acquire(&bulk("1764672000123001")), Some(AcquireReply::Acquired("1764672000123001".into())));
+        assert_eq!(parse_acquire(&bulk("18446744073709551615")), Some(AcquireReply::Acquired("18446744073709551615".into())));
+        assert_eq!(parse_acquire(&Value::Int(1234)), Some(AcquireReply::Busy(Some(1234))));
+        assert_eq!(parse_acquire(&Value::Int(-1)), Some(AcquireReply::Busy(Some(-1))));
+        assert_eq!(parse_acquire(&Value::Int(-2)), Some(AcquireReply::Busy(Some(-2))));
+        assert_eq!(parse_acquire(&Value::Nil), Some(AcquireReply::Busy(None)));
+        for bad in [bulk("0"), bulk("-5"), bulk("1.5e15"), bulk("01"), bulk(""), bulk("12a"), Value::Int(-3), Value::Okay, Value::Array(vec![])] {
+            assert_eq!(parse_acquire(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn flags_are_one_or_zero() {
+        assert_eq!(parse_flag(&Value::Int(1)), Some(true));
+        assert_eq!(parse_flag(&Value::Int(0)), Some(false));
+        assert_eq!(parse_flag(&Value::Int(2)), None);
+        assert_eq!(parse_flag(&Value::Nil), None);
+    }
+
+    #[test]
+    fn scripts_have_distinct_sha1_hashes() {
+        assert_eq!(ACQUIRE.sha().len(), 40);
+        assert_ne!(ACQUIRE.sha(), RELEASE.sha());
+        assert_ne!(RELEASE.sha(), RENEW.sha());
+    }
+}

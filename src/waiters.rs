@@ -1,0 +1,202 @@
+//! The wait line: per key, the waiters of this backend queue up and only the first asks
+//! Redis, so a crowd of waiters costs Redis one attempt at a time.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::error::{LockError, LockErrorCode};
+
+#[derive(Default)]
+pub struct Lines {
+    lines: Mutex<HashMap<String, Arc<Line>>>,
+    next_ticket: AtomicU64,
+}
+
+/// One key's line.
+#[derive(Default)]
+pub struct Line {
+    queue: Mutex<VecDeque<(u64, Arc<Notify>)>>,
+    /// Wakes the first waiter early: a release notification, or a new subscription.
+    pub wake: Notify,
+}
+
+/// A waiter's place in its line; leaving (drop) passes the turn on.
+pub struct Place {
+    lines: Arc<Lines>,
+    hash: String,
+    pub line: Arc<Line>,
+    ticket: u64,
+    turn: Arc<Notify>,
+}
+
+impl Lines {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Line>>> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
+    /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
+    pub fn join(self: &Arc<Self>, hash: &str, only_if_empty: bool) -> Result<Place, LockError> {
+        let mut map = self.map();
+        let line = map.entry(hash.to_owned()).or_default().clone();
+        let mut queue = line.queue();
+        if only_if_empty && !queue.is_empty() {
+            return Err(LockError::new(LockErrorCode::LockBusy, "the lock is busy: this process already waits for it"));
+        }
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let turn = Arc::new(Notify::new());
+        if queue.is_empty() {
+            turn.notify_one();
+        }
+        queue.push_back((ticket, turn.clone()));
+        drop(queue);
+        drop(map);
+        Ok(Place { lines: self.clone(), hash: hash.to_owned(), line, ticket, turn })
+    }
+
+    /// Wakes the first waiter of the line of `hash`, if there is one.
+    pub fn wake(&self, hash: &str) -> bool {
+        let line = self.map().get(hash).cloned();
+        line.map(|l| l.wake.notify_one()).is_some()
+    }
+
+    /// Wakes the first waiter of every line.
+    pub fn wake_all(&self) {
+        let lines: Vec<_> = self.map().values().cloned().collect();
+        for line in lines {
+            line.wake.notify_one();
+        }
+    }
+
+    /// Waiters of this backend, over all lines.
+    pub fn waiters(&self) -> usize {
+        self.map().values().map(|l| l.queue().len()).sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Line {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Place {
+    /// Resolves once this waiter is first in its line.
+    pub async fn turn(&self) {
+        self.turn.notified().await;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut map = self.lines.map();
+        let mut queue = self.line.queue();
+        let Some(pos) = queue.iter().position(|(t, _)| *t == self.ticket) else { return };
+        queue.remove(pos);
+        if pos == 0 {
+            if let Some((_, next)) = queue.front() {
+                next.notify_one();
+            }
+        }
+        if queue.is_empty() {
+            drop(queue);
+            map.remove(&self.hash);
+        }
+    }
+}
+
+/// Counts the acquires in progress on a backend (`maxWaiters`).
+#[derive(Default)]
+pub struct InProgress(AtomicUsize);
+
+pub struct InProgressGuard<'a>(&'a InProgress);
+
+impl InProgress {
+    pub fn enter(&self, max: usize) -> Result<InProgressGuard<'_>, LockError> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .map(|_| InProgressGuard(self))
+            .map_err(|_| LockError::new(LockErrorCode::QueueFull, format!("maxWaiters ({max}) acquires are already in progress")))
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for InProgressGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::timeout;
+
+    async fn is_first(place: &Place) -> bool {
+        timeout(Duration::from_millis(20), place.turn()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn waiters_take_turns_in_arrival_order() {
+        let lines = Arc::new(Lines::default());
+        let a = lines.join("k", false).unwrap();
+        let b = lines.join("k", false).unwrap();
+        let c = lines.join("k", false).unwrap();
+        assert!(is_first(&a).await);
+        assert!(!is_first(&b).await);
+        drop(a);
+        assert!(is_first(&b).await);
+        assert!(!is_first(&c).await);
+        drop(b);
+        assert!(is_first(&c).await);
+    }
+
+    #[tokio::test]
+    async fn leaving_from_the_middle_keeps_the_line_intact() {
+        let lines = Arc::new(Lines::default());
+        let a = lines.join("k", false).unwrap();
+        let b = lines.join("k", false).unwrap();
+        let c = lines.join("k", false).unwrap();
+        drop(b);
+        assert!(!is_first(&c).await, "c must not jump ahead of a");
+        drop(a);
+        assert!(is_first(&c).await);
+        drop(c);
+        assert!(lines.is_empty(), "an empty line is forgotten");
+    }
+
+    #[tokio::test]
+    async fn zero_wait_never_jumps_a_line_and_keys_have_their_own_lines() {
+        let lines = Arc::new(Lines::default());
+        let _a = lines.join("k", false).unwrap();
+        assert_eq!(lines.join("k", true).err().map(|e| e.code), Some(LockErrorCode::LockBusy));
+        let other = lines.join("other", true).unwrap();
+        assert!(is_first(&other).await);
+        assert_eq!(lines.waiters(), 2);
+    }
+
+    #[test]
+    fn in_progress_is_bounded() {
+        let p = InProgress::default();
+        let g1 = p.enter(2).unwrap();
+        let _g2 = p.enter(2).unwrap();
+        assert_eq!(p.enter(2).err().map(|e| e.code), Some(LockErrorCode::QueueFull));
+        drop(g1);
+        assert!(p.enter(2).is_ok());
+    }
+}
