@@ -1,0 +1,221 @@
+//! The driver's Redis paths against a real, throwaway redis-server.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::{Driver, LockErrorCode, Outcome};
+use support::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+fn driver(url: &str, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    driver_with(url, namespace, extra, None)
+}
+
+fn driver_with(url: &str, namespace: &str, extra: &[(&str, f64)], command_timeout_ms: Option<f64>) -> Driver {
+    let mut fields = vec![
+        ("driver".to_owned(), Raw::String("redis".into())),
+        ("connection".to_owned(), Raw::String("main".into())),
+        ("namespace".to_owned(), Raw::String(namespace.into())),
+    ];
+    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
+    let mut conn = vec![("url".to_owned(), Raw::String(url.into()))];
+    if let Some(ms) = command_timeout_ms {
+        conn.push(("commandTimeoutMs".to_owned(), Raw::Number(ms)));
+    }
+    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
+    let connection = options::parse_connection(&Raw::Object(conn)).unwrap();
+    Driver::new(&connection, backend).unwrap()
+}
+
+fn hash(key: &str) -> String {
+    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
+}
+
+/// The bulk-string payload of a raw RESP reply, or the integer of an integer reply.
+fn value(reply: &str) -> String {
+    let mut lines = reply.split("\r\n");
+    let first = lines.next().unwrap_or_default();
+    match first.as_bytes().first() {
+        Some(b'$') => lines.next().unwrap_or_default().to_owned(),
+        _ => first[1..].to_owned(),
+    }
+}
+
+async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let end = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < end, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_are_exact_decimals_seeded_from_redis_time_and_survive_data_loss() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "fence", &[]);
+    let before: u128 = value(&redis.command(&["TIME"])).parse().unwrap();
+    let first = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    let fence: u128 = first.fence.parse().unwrap();
+    // TIME's first element is seconds; the seed is milliseconds x 1000, plus 1.
+    assert!(fence > before * 1_000_000 && fence % 1000 == 1, "fence {fence} vs time {before}");
+    assert!(d.release(&first).await.unwrap());
+
+    let second = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    assert_eq!(second.fence.parse::<u128>().unwrap(), fence + 1);
+    d.release(&second).await.unwrap();
+
+    // A counter far above 2^53 comes back digit for digit.
+    let big = "9007199254740993000";
+    redis.command(&["SET", &format!("fence:lock-fence:{{{}}}", hash("job")), big]);
+    let third = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    assert_eq!(third.fence, "9007199254740993001");
+    d.release(&third).await.unwrap();
+
+    // Data loss: the counter restarts from TIME, still above every fence handed out before.
+    redis.command(&["FLUSHALL"]);
+    let fourth = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    assert!(fourth.fence.parse::<u128>().unwrap() > fence + 1);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_falls_back_to_eval_once() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "noscript", &[]);
+    let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    redis.command(&["SCRIPT", "FLUSH"]);
+    redis.command(&["CONFIG", "RESETSTAT"]);
+    assert!(d.release(&lease).await.unwrap());
+    let stats = redis.command(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=1"), "{stats}");
+    assert!(stats.contains("cmdstat_eval:calls=1"), "{stats}");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_the_lock_when_the_holder_releases_and_zero_wait_is_busy() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "wait", &[]);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let busy = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(busy.code, LockErrorCode::LockBusy);
+
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(2_000), CancellationToken::new()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(d.release(&held).await.unwrap());
+    let next = waiter.await.unwrap().unwrap();
+    assert!(next.valid());
+    assert!(next.fence.parse::<u128>().unwrap() > held.fence.parse::<u128>().unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_extends_and_a_stolen_lease_is_lost() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "renew", &[("leaseMs", 300.0)]);
+    let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    d.renew(&lease).await.unwrap();
+    assert!(lease.remaining_ms() > 200, "renewed to leaseMs from the renew: {}", lease.remaining_ms());
+
+    redis.command(&["SET", &format!("renew:lock:{{{}}}", hash("k")), "someone-else"]);
+    let lost = d.renew(&lease).await.unwrap_err();
+    assert_eq!(lost.code, LockErrorCode::LeaseLost);
+    assert!(!lease.valid());
+    assert_eq!(d.renew(&lease).await.unwrap_err().code, LockErrorCode::LeaseExpired);
+    assert!(!d.release(&lease).await.unwrap(), "not ours any more");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_confirmed_after_cancellation_is_released_by_token() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "cancel", &[]);
+    // Warm the connection, so the attempt below is surely submitted before the pause.
+    d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
+    redis.pause();
+    let cancel = CancellationToken::new();
+    let attempt = tokio::spawn({
+        let (d, cancel) = (d.clone(), cancel.clone());
+        async move { d.acquire("k", Some(5_000), cancel).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cancel.cancel();
+    assert_eq!(attempt.await.unwrap().unwrap_err().code, LockErrorCode::Aborted);
+    redis.resume();
+    let key = format!("cancel:lock:{{{}}}", hash("k"));
+    eventually("the late acquire's cleanup", Duration::from_secs(3), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reply_is_outcome_unknown_and_is_cleaned_up_once_redis_answers() {
+    let redis = RedisServer::start();
+    let d = driver_with(redis.url(), "stall", &[], Some(150.0));
+    d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
+    redis.pause();
+    let started = Instant::now();
+    let err = d.acquire("k", Some(5_000), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::OutcomeUnknown, "never retried, never a wait past the unknown outcome");
+    assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
+    assert_eq!(err.cause.as_ref().map(|c| c.outcome), Some(Outcome::Unknown));
+    redis.resume();
+    let key = format!("stall:lock:{{{}}}", hash("k"));
+    // Redis ran the late acquire after it resumed; the driver takes it back by token.
+    eventually("the unknown outcome's cleanup", Duration::from_secs(5), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+    let again = d.acquire("k", Some(1_000), CancellationToken::new()).await.unwrap();
+    assert!(again.valid());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_provider_failed_and_a_wait_rides_it_out_until_the_end() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let d = driver(&format!("redis://127.0.0.1:{port}"), "down", &[]);
+    let once = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(once.code, LockErrorCode::ProviderFailed);
+    assert_eq!(once.cause.as_ref().map(|c| c.outcome), Some(Outcome::NotSubmitted));
+    let started = Instant::now();
+    let waited = d.acquire("k", Some(300), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(waited.code, LockErrorCode::ProviderFailed);
+    assert!(started.elapsed() >= Duration::from_millis(300), "it rode out the failures until the wait ended");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_tracked_leases_and_stops_waits() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "stop", &[]);
+    let a = d.acquire("a", Some(0), CancellationToken::new()).await.unwrap();
+    let _b = d.acquire("b", Some(0), CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("a", Some(5_000), CancellationToken::new()).await }
+    });
+    eventually("the waiter to queue", Duration::from_secs(2), || d.waiters() == 1).await;
+    d.shutdown().await.unwrap();
+    assert_eq!(waiter.await.unwrap().unwrap_err().code, LockErrorCode::ShutDown);
+    assert_eq!(value(&redis.command(&["KEYS", "stop:lock:*"])), "0", "every lock key is gone");
+    assert!(!a.valid());
+    assert!(!d.release(&a).await.unwrap(), "released by shutdown already");
+    assert_eq!(d.acquire("c", Some(0), CancellationToken::new()).await.unwrap_err().code, LockErrorCode::ShutDown);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_against_a_stalled_redis_times_out_and_never_claims_success() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "stall-stop", &[("shutdownTimeoutMs", 200.0)]);
+    let _lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    redis.pause();
+    let err = d.shutdown().await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::CleanupTimeout);
+    redis.resume();
+    let key = format!("stall-stop:lock:{{{}}}", hash("k"));
+    eventually("the late release", Duration::from_secs(3), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+}
