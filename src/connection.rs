@@ -139,6 +139,17 @@ impl RedisLink {
         *self.state() = State::Idle;
     }
 
+    /// A dedicated connection subscribed to `channel`, confirmed by the server. A refusal
+    /// (unknown command, ACL) carries the server's error code; anything else does not.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, RedisFailure> {
+        let connect = async {
+            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| RedisFailure::connect(&e))?;
+            pubsub.subscribe(channel).await.map_err(|e| RedisFailure::command(&e))?;
+            Ok(pubsub.into_on_message())
+        };
+        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await.unwrap_or_else(|_| Err(RedisFailure::connect_timeout()))
+    }
+
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {

@@ -12,6 +12,7 @@ use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, Outcome, RedisFailure};
 use crate::keys::{self, KeyNames};
 use crate::lease::{new_token, Lease, Registry};
+use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::scripts::{self, AcquireReply};
 use crate::waiters::{InProgress, Lines};
@@ -31,6 +32,7 @@ pub(crate) struct Inner {
     pub channel: String,
     pub leases: Registry,
     pub lines: Arc<Lines>,
+    pub notify: Arc<Notifier>,
     pub in_progress: InProgress,
     /// Cancelled when shutdown begins: stops every wait.
     pub stopping: CancellationToken,
@@ -55,6 +57,7 @@ impl Driver {
         let link = RedisLink::new(connection, id)
             .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))?;
         let channel = keys::released_channel(&options.namespace);
+        let notify = Arc::new(Notifier::new(id, channel.clone(), notifications_enabled()));
         Ok(Self {
             inner: Arc::new(Inner {
                 id,
@@ -63,6 +66,7 @@ impl Driver {
                 channel,
                 leases: Registry::default(),
                 lines: Arc::new(Lines::default()),
+                notify,
                 in_progress: InProgress::default(),
                 stopping: CancellationToken::new(),
                 tasks: TaskTracker::new(),
@@ -91,6 +95,19 @@ impl Driver {
 
     pub fn waiters(&self) -> usize {
         self.inner.lines.waiters()
+    }
+
+    /// Keys with at least one waiter.
+    pub fn lines(&self) -> usize {
+        self.inner.lines.len()
+    }
+
+    pub fn subscription_state(&self) -> crate::notify::SubscriptionState {
+        self.inner.notify.state()
+    }
+
+    pub fn notifications_received(&self) -> u64 {
+        self.inner.notify.received()
     }
 
     /// Acquires `key`, waiting up to `wait_ms` (`None`: the backend's waitTimeoutMs).
@@ -138,6 +155,8 @@ impl Driver {
                 }
                 Attempt::Busy(pttl) => {
                     last_failure = None;
+                    // Really waiting now: listen for releases instead of polling fast.
+                    inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
                     match pttl {
                         // Expired or gone in between: try again at once.
                         Some(0) | Some(-2) => Duration::ZERO,
@@ -180,9 +199,12 @@ impl Driver {
         }
     }
 
-    /// How long a waiter sleeps without other news.
+    /// How long a waiter sleeps without other news: notifyPollIntervalMs while release
+    /// notifications are live, pollIntervalMs otherwise.
     fn safety_interval(&self) -> Duration {
-        Duration::from_millis(self.inner.options.poll_interval_ms.into())
+        let options = &self.inner.options;
+        let ms = if self.inner.notify.is_live() { options.notify_poll_interval_ms } else { options.poll_interval_ms };
+        Duration::from_millis(ms.into())
     }
 
     fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
@@ -340,6 +362,12 @@ impl Driver {
             }
         }
     }
+}
+
+/// `DOKEBI_LOCK_REDIS_NOTIFICATIONS=0` turns release notifications off, so waiters only
+/// poll: the "before" of the contention benchmark (docs/decisions/0007).
+fn notifications_enabled() -> bool {
+    std::env::var("DOKEBI_LOCK_REDIS_NOTIFICATIONS").map_or(true, |v| v != "0")
 }
 
 fn wait_timeout() -> LockError {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod events;
 pub mod keys;
 pub mod lease;
+pub mod notify;
 pub mod options;
 pub mod scripts;
 pub mod shutdown;

@@ -4,15 +4,30 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 
 use crate::error::{LockError, LockErrorCode};
 
-#[derive(Default)]
 pub struct Lines {
     lines: Mutex<HashMap<String, Arc<Line>>>,
     next_ticket: AtomicU64,
+    /// When the last waiter left; `None` while anyone waits.
+    idle_since: Mutex<Option<Instant>>,
+    /// Signalled when the backend goes from idle to waiting or back.
+    changed: Notify,
+}
+
+impl Default for Lines {
+    fn default() -> Self {
+        Self {
+            lines: Mutex::default(),
+            next_ticket: AtomicU64::default(),
+            idle_since: Mutex::new(Some(Instant::now())),
+            changed: Notify::new(),
+        }
+    }
 }
 
 /// One key's line.
@@ -41,6 +56,9 @@ impl Lines {
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
     pub fn join(self: &Arc<Self>, hash: &str, only_if_empty: bool) -> Result<Place, LockError> {
         let mut map = self.map();
+        if map.is_empty() {
+            self.set_idle(None);
+        }
         let line = map.entry(hash.to_owned()).or_default().clone();
         let mut queue = line.queue();
         if only_if_empty && !queue.is_empty() {
@@ -55,6 +73,21 @@ impl Lines {
         drop(queue);
         drop(map);
         Ok(Place { lines: self.clone(), hash: hash.to_owned(), line, ticket, turn })
+    }
+
+    fn set_idle(&self, since: Option<Instant>) {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = since;
+        self.changed.notify_one();
+    }
+
+    /// When the last waiter of this backend left, or `None` while anyone waits.
+    pub fn idle_since(&self) -> Option<Instant> {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves when the backend went from idle to waiting or back.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Wakes the first waiter of the line of `hash`, if there is one.
@@ -112,6 +145,9 @@ impl Drop for Place {
         if queue.is_empty() {
             drop(queue);
             map.remove(&self.hash);
+            if map.is_empty() {
+                self.lines.set_idle(Some(Instant::now()));
+            }
         }
     }
 }

@@ -1,0 +1,175 @@
+//! Release notifications: one subscribe connection per backend to `<namespace>:lock-released`,
+//! opened only when a waiter really waits and closed a second after the last one left.
+//!
+//! Notifications only make waiting cheaper; the safety poll keeps every waiter correct
+//! when one is missed (subscription down, a release by an older driver).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connection::RedisLink;
+use crate::error::RedisFailure;
+use crate::events;
+use crate::waiters::Lines;
+
+/// How long the subscription outlives the last waiter (description: 1 second).
+pub const IDLE_UNSUBSCRIBE: Duration = Duration::from_secs(1);
+/// How long after a failure before waiters may subscribe again (description: 5 seconds).
+pub const RESUBSCRIBE_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionState {
+    Off,
+    Starting,
+    Live,
+    /// The server refused SUBSCRIBE (unknown command, ACL): poll for good.
+    Unsupported,
+    /// The connection failed at this moment.
+    Failed(Instant),
+}
+
+impl SubscriptionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Starting => "starting",
+            Self::Live => "live",
+            Self::Unsupported => "unsupported",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
+pub struct Notifier {
+    driver_id: u64,
+    channel: String,
+    enabled: bool,
+    state: Mutex<SubscriptionState>,
+    received: AtomicU64,
+    subscriptions: AtomicU64,
+}
+
+impl Notifier {
+    pub fn new(driver_id: u64, channel: String, enabled: bool) -> Self {
+        Self {
+            driver_id,
+            channel,
+            enabled,
+            state: Mutex::new(SubscriptionState::Off),
+            received: AtomicU64::new(0),
+            subscriptions: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SubscriptionState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn state(&self) -> SubscriptionState {
+        *self.lock()
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.state() == SubscriptionState::Live
+    }
+
+    /// Notifications received since the backend started.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Subscriptions confirmed since the backend started.
+    pub fn subscriptions(&self) -> u64 {
+        self.subscriptions.load(Ordering::Relaxed)
+    }
+
+    /// Called when a waiter really starts waiting: subscribes unless a subscription is
+    /// live or starting, the server does not support it, or it failed under 5 s ago.
+    pub fn ensure(self: &Arc<Self>, link: &Arc<RedisLink>, lines: &Arc<Lines>, stopping: &CancellationToken, tasks: &TaskTracker) {
+        if !self.enabled || stopping.is_cancelled() {
+            return;
+        }
+        {
+            let mut state = self.lock();
+            match *state {
+                SubscriptionState::Off => {}
+                SubscriptionState::Failed(at) if at.elapsed() > RESUBSCRIBE_AFTER_FAILURE => {}
+                _ => return,
+            }
+            *state = SubscriptionState::Starting;
+        }
+        tasks.spawn(self.clone().run(link.clone(), lines.clone(), stopping.clone()));
+    }
+
+    async fn run(self: Arc<Self>, link: Arc<RedisLink>, lines: Arc<Lines>, stopping: CancellationToken) {
+        let subscribed = tokio::select! {
+            _ = stopping.cancelled() => { *self.lock() = SubscriptionState::Off; return }
+            subscribed = link.subscribe(&self.channel) => subscribed,
+        };
+        let mut messages = match subscribed {
+            Ok(messages) => messages,
+            Err(failure) => return self.failed(failure, &lines),
+        };
+        *self.lock() = SubscriptionState::Live;
+        self.subscriptions.fetch_add(1, Ordering::Relaxed);
+        // A release before the subscription sent nothing we could hear: every line's
+        // first waiter checks once more.
+        lines.wake_all();
+
+        loop {
+            let idle_until = lines.idle_since().map(|since| since + IDLE_UNSUBSCRIBE);
+            tokio::select! {
+                _ = stopping.cancelled() => break,
+                message = messages.next() => match message {
+                    Some(message) => {
+                        self.received.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(hash) = std::str::from_utf8(message.get_payload_bytes()) {
+                            lines.wake(hash);
+                        }
+                    }
+                    None => return self.failed(RedisFailure::new(
+                        crate::error::RedisErrorCode::ConnectionLost,
+                        crate::error::Outcome::NotSubmitted,
+                        "the release-notification connection was closed",
+                    ), &lines),
+                },
+                _ = lines.changed(), if idle_until.is_none() => {}
+                _ = sleep_until_opt(idle_until) => {
+                    if lines.idle_since().is_some_and(|since| since.elapsed() >= IDLE_UNSUBSCRIBE) {
+                        break;
+                    }
+                }
+            }
+        }
+        // Dropping the stream closes the subscribe connection.
+        *self.lock() = SubscriptionState::Off;
+    }
+
+    fn failed(&self, failure: RedisFailure, lines: &Lines) {
+        let refused = failure.server_code.is_some();
+        let mut state = self.lock();
+        // Waiters asleep for notifyPollIntervalMs must move to the faster pollIntervalMs.
+        lines.wake_all();
+        if refused {
+            if *state != SubscriptionState::Unsupported {
+                events::notify_unsupported(self.driver_id);
+            }
+            *state = SubscriptionState::Unsupported;
+        } else {
+            events::notify_failed(self.driver_id, &failure);
+            *state = SubscriptionState::Failed(Instant::now());
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

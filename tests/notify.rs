@@ -1,0 +1,198 @@
+//! Release notifications and the per-process wait line against a real redis-server.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::{Driver, LockErrorCode};
+use support::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+fn driver(url: &str, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    let mut fields = vec![
+        ("driver".to_owned(), Raw::String("redis".into())),
+        ("connection".to_owned(), Raw::String("main".into())),
+        ("namespace".to_owned(), Raw::String(namespace.into())),
+    ];
+    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
+    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
+    let connection = options::parse_connection(&Raw::String(url.into())).unwrap();
+    Driver::new(&connection, backend).unwrap()
+}
+
+fn hash(key: &str) -> String {
+    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
+}
+
+fn numsub(redis: &RedisServer, channel: &str) -> String {
+    // "*2\r\n$N\r\n<channel>\r\n:<count>\r\n"
+    let reply = redis.command(&["PUBSUB", "NUMSUB", channel]);
+    reply.rsplit(':').next().unwrap_or_default().trim().to_owned()
+}
+
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let end = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < end, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Safety polls so slow that only a notification can explain a quick wake-up.
+const SLOW_POLLS: [(&str, f64); 2] = [("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_locks_never_subscribe() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "calm", &[]);
+    for _ in 0..5 {
+        let lease = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+        d.release(&lease).await.unwrap();
+    }
+    assert_eq!(d.subscription_state(), SubscriptionState::Off);
+    assert_eq!(numsub(&redis, "calm:lock-released"), "0");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "wake", &SLOW_POLLS);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+    });
+    eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "wake:lock-released") == "1").await;
+    // The subscription is confirmed; give the confirmation's re-check time to come back busy.
+    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    let released_at = Instant::now();
+    assert!(d.release(&held).await.unwrap());
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(lease.valid());
+    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woke after {:?}", released_at.elapsed());
+    assert!(d.notifications_received() >= 1);
+
+    // No new waiter within a second: the subscribe connection goes away.
+    eventually("the unsubscribe", Duration::from_secs(4), || numsub(&redis, "wake:lock-released") == "0").await;
+    assert_eq!(d.subscription_state(), SubscriptionState::Off);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_published_by_another_driver_wakes_our_waiter() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "foreign", &SLOW_POLLS);
+    let lock_key = format!("foreign:lock:{{{}}}", hash("k"));
+    redis.command(&["SET", &lock_key, "a-typescript-driver-token", "PX", "60000"]);
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+    });
+    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    let released_at = Instant::now();
+    redis.command(&["DEL", &lock_key]);
+    redis.command(&["PUBLISH", "foreign:lock-released", &hash("k")]);
+    waiter.await.unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woke after {:?}", released_at.elapsed());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_on_one_key_cost_one_redis_attempt_at_a_time_and_are_served_in_order() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "line", &[("pollIntervalMs", 50.0), ("notifyPollIntervalMs", 50.0)]);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let d2 = d.clone();
+        waiters.push(tokio::spawn(async move {
+            let lease = d2.acquire("k", Some(10_000), CancellationToken::new()).await.unwrap();
+            d2.release(&lease).await.unwrap();
+            i
+        }));
+        // Arrival order is the order the tasks joined the line.
+        eventually("the waiter to queue", Duration::from_secs(2), || d.waiters() == i + 1).await;
+    }
+    let before = calls(&redis, "evalsha");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let attempts = calls(&redis, "evalsha") - before;
+    // One line, one attempt per safety interval (~20 in 1 s); eight waiters polling alone would make ~160.
+    assert!(attempts <= 40, "{attempts} attempts in 1 s for 8 waiters");
+    d.release(&held).await.unwrap();
+    let mut order = Vec::new();
+    for w in waiters {
+        order.push(w.await.unwrap());
+    }
+    assert_eq!(order, (0..8).collect::<Vec<_>>(), "first come, first served inside the process");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_falls_back_to_polling_for_good() {
+    let redis = RedisServer::start();
+    // A user that may run the lock scripts but not subscribe to any channel.
+    redis.command(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "resetchannels", "+@all", "-subscribe"]);
+    let url = redis.url().replace("redis://", "redis://locker:pw@");
+    let d = driver(&url, "acl", &[("pollIntervalMs", 20.0)]);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
+    });
+    eventually("the refusal", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Unsupported).await;
+    d.release(&held).await.unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(d.subscription_state(), SubscriptionState::Unsupported);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "killed", &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)]);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(3_000), CancellationToken::new()).await }
+    });
+    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    redis.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    eventually("the failure", Duration::from_secs(3), || matches!(d.subscription_state(), SubscriptionState::Failed(_))).await;
+    let released_at = Instant::now();
+    d.release(&held).await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    // Polling at pollIntervalMs, not at the 5 s notifyPollIntervalMs of a live subscription.
+    assert!(released_at.elapsed() < Duration::from_millis(2_000), "{:?}", released_at.elapsed());
+
+    d.release(&got).await.unwrap();
+
+    // A waiter within 5 s of the failure does not resubscribe.
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    assert_eq!(d.acquire("k", Some(100), CancellationToken::new()).await.unwrap_err().code, LockErrorCode::WaitTimeout);
+    assert!(matches!(d.subscription_state(), SubscriptionState::Failed(_)));
+    assert_eq!(numsub(&redis, "killed:lock-released"), "0");
+
+    // Waiters that return more than 5 s after the failure subscribe again.
+    let SubscriptionState::Failed(at) = d.subscription_state() else { unreachable!() };
+    tokio::time::sleep_until((at + Duration::from_millis(5_100)).into()).await;
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
+    });
+    eventually("the new subscription", Duration::from_secs(3), || numsub(&redis, "killed:lock-released") == "1").await;
+    d.release(&held).await.unwrap();
+    waiter.await.unwrap().unwrap();
+    d.shutdown().await.unwrap();
+}
