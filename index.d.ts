@@ -1,0 +1,143 @@
+/**
+ * @dokebi/lock-redis — the single-Redis lease driver of @dokebi/lock, as a Rust addon.
+ *
+ * A lease is a lock with an expiry and a fencing token. Mutual exclusion holds only when
+ * the store you write to checks the fence: see README.md, "Limits of fencing".
+ */
+
+/** Every `LockError.code`. */
+export type LockErrorCode =
+  | 'INVALID_OPTIONS'
+  | 'INVALID_KEY'
+  | 'LOCK_BUSY'
+  | 'WAIT_TIMEOUT'
+  | 'QUEUE_FULL'
+  | 'TOO_MANY_LEASES'
+  | 'ABORTED'
+  | 'SHUT_DOWN'
+  | 'LEASE_EXPIRED'
+  | 'LEASE_LOST'
+  | 'PROVIDER_FAILED'
+  | 'OUTCOME_UNKNOWN'
+  | 'CLEANUP_TIMEOUT'
+  | 'CLEANUP_FAILED'
+
+/** The codes as a frozen object, each mapped to itself: `LockErrorCode.LOCK_BUSY === 'LOCK_BUSY'`. */
+export declare const LockErrorCode: { readonly [K in LockErrorCode]: K }
+
+/**
+ * The one error class of the driver. Classify by `code`. For PROVIDER_FAILED and
+ * OUTCOME_UNKNOWN `cause` is a {@link RedisErrorLike}; for ABORTED it is `signal.reason`;
+ * for CLEANUP_FAILED an `AggregateError` of the failed releases. Messages never hold a
+ * key, a token, a password or an address.
+ */
+export declare class LockError extends Error {
+  readonly name: 'LockError'
+  readonly code: LockErrorCode
+  readonly cause?: unknown
+}
+
+/** The Redis failure behind PROVIDER_FAILED / OUTCOME_UNKNOWN, shaped as @dokebi/redis shapes its own. */
+export interface RedisErrorLike extends Error {
+  readonly name: 'RedisError'
+  readonly plugin: 'dokebi-redis'
+  readonly code: 'CONNECTION_FAILED' | 'CONNECTION_LOST' | 'COMMAND_TIMEOUT' | 'COMMAND_REJECTED' | 'UNEXPECTED_REPLY'
+  /** `not-submitted` and `rejected`: surely no effect. `unknown`: Redis may have run it. */
+  readonly outcome: 'not-submitted' | 'unknown' | 'rejected'
+  /** True (with `status: 503`) where the same call may succeed later. */
+  readonly retryable: boolean
+  readonly status?: 503
+  /** The first word of a server error reply, e.g. `OOM`, `NOPERM`, `READONLY`. */
+  readonly serverCode?: string
+}
+
+/** Where Redis is. The Redis I/O runs in Rust, so the driver takes an address, not a JS client. */
+export type RedisConnectionLike =
+  | string
+  | {
+      /** `redis://`, `redis+unix://` or `unix://`. (`rediss://`, `cluster` and `tls` are not supported yet.) */
+      url: string
+      /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
+      name?: string
+      /** Default 2000. */
+      connectTimeoutMs?: number
+      /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
+      commandTimeoutMs?: number
+      cluster?: boolean
+      tls?: { ca?: string; cert?: string; key?: string }
+    }
+
+/** The backend options, validated by {@link parseRedisLockBackend}. Unknown fields are rejected. */
+export interface RedisLockBackendInput {
+  driver: 'redis'
+  /** A name in options.dokebi-redis.connections. Required. */
+  connection: string
+  /** Required, never defaulted; no whitespace, control characters, `{` or `}`. */
+  namespace: string
+  /** 1 .. 2^31-1, default 10000. */
+  leaseMs?: number
+  /** 0 .. 2^31-1, default 5000; 0 tries once. */
+  waitTimeoutMs?: number
+  /** Safety interval without a live subscription, default 25. */
+  pollIntervalMs?: number
+  /** Safety interval with a live subscription, default 250. */
+  notifyPollIntervalMs?: number
+  /** All acquires in progress on the backend, default 128. */
+  maxWaiters?: number
+  /** Default 10000. */
+  maxTrackedLeases?: number
+  /** Default 5000. */
+  shutdownTimeoutMs?: number
+  /** UTF-8 bytes of a key, default 1024. */
+  maxKeyBytes?: number
+}
+
+/** The options with every default filled in. */
+export type RedisLockBackend = Required<RedisLockBackendInput>
+
+export interface AcquireOptions {
+  /** Aborting rejects with ABORTED whose `cause` is `signal.reason`. */
+  signal?: AbortSignal
+  /** Overrides the backend's waitTimeoutMs for this call; 0 tries once. */
+  waitTimeoutMs?: number
+}
+
+export interface Lease {
+  /** The key as given to `acquire`. */
+  readonly key: string
+  /** Decimal string, larger for every new lease of the key. Compare as BigInt, never as Number. */
+  readonly fence: string
+  /** Read afresh on every access; a conservative local estimate. */
+  readonly valid: boolean
+  /** Read afresh; 0 once not valid. */
+  readonly remainingMs: number
+  /** true: this call deleted our key; false: it was no longer ours. Call it in `finally`. */
+  release(): Promise<boolean>
+  /** Extends to leaseMs from the renew's submission. LEASE_EXPIRED / LEASE_LOST when it cannot. */
+  renew(): Promise<void>
+}
+
+export interface LockDriver {
+  readonly driver: 'redis'
+  acquire(key: string, options?: AcquireOptions): Promise<Lease>
+  /** Releases every tracked lease; rejects with CLEANUP_TIMEOUT or CLEANUP_FAILED. */
+  shutdown(): Promise<void>
+}
+
+/** pino-compatible: `(fields, message)`. Every field object has a `code`. */
+export interface LockLogger {
+  debug?(fields: object, msg?: string): void
+  info?(fields: object, msg?: string): void
+  warn?(fields: object, msg?: string): void
+  error?(fields: object, msg?: string): void
+}
+
+/** Validates backend options and fills in defaults; throws LockError INVALID_OPTIONS. */
+export declare function parseRedisLockBackend(input: unknown): RedisLockBackend
+
+/** dokebi-lock calls this. Validates `options` again and connects lazily. */
+export declare function createRedisLockDriver(
+  connection: RedisConnectionLike,
+  options: unknown,
+  logger?: LockLogger,
+): LockDriver
