@@ -105,7 +105,11 @@ function createRedisLockDriver(connection, options, logger) {
       throw invalidOptions('acquire options must be an object')
     }
     for (const name of Object.keys(acquireOptions)) {
-      if (!ACQUIRE_OPTIONS.has(name)) throw invalidOptions(`acquire options has an unknown field; known fields: signal, waitTimeoutMs`)
+      if (!ACQUIRE_OPTIONS.has(name)) {
+        // The field's name is the caller's code, not a secret: naming it makes the typo findable.
+        const shown = name.replace(/\p{Cc}/gu, '').slice(0, 64)
+        throw invalidOptions(`acquire options has an unknown field '${shown}'; known fields: signal, waitTimeoutMs`)
+      }
     }
     const { signal, waitTimeoutMs } = acquireOptions
     if (signal !== undefined && !(signal instanceof AbortSignal)) {

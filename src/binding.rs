@@ -318,13 +318,14 @@ impl NativeDriver {
             Some(units) => driver.validate_key(&units),
         }
         .and_then(|key| Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?)));
-        let token = cancel.token.clone();
+        // Started here, on the JS thread, so acquires line up in call order.
+        let acquiring = checked.map(|(key, wait_ms)| driver.acquire(&key, Some(wait_ms), cancel.token.clone()));
         env.spawn_future(async move {
-            let (key, wait_ms) = match checked {
-                Ok(checked) => checked,
-                Err(e) => return Ok(Either::B(e.into())),
+            let acquired = match acquiring {
+                Ok(acquiring) => acquiring.await,
+                Err(e) => Err(e),
             };
-            Ok(match driver.acquire(&key, Some(wait_ms), token).await {
+            Ok(match acquired {
                 Ok(lease) => Either::A(NativeLease { driver, lease }),
                 Err(e) => Either::B(e.into()),
             })
@@ -380,9 +381,10 @@ impl NativeLease {
 
     #[napi(ts_return_type = "Promise<boolean | NativeError>")]
     pub fn release<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
-        let (driver, lease) = (self.driver.clone(), self.lease.clone());
+        // Invalid the moment release() is called, before the future runs.
+        let releasing = self.driver.release(&self.lease);
         env.spawn_future(async move {
-            Ok(match driver.release(&lease).await {
+            Ok(match releasing.await {
                 Ok(released) => Either::A(released),
                 Err(e) => Either::B(e.into()),
             })
@@ -391,7 +393,7 @@ impl NativeLease {
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn renew<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
-        let (driver, lease) = (self.driver.clone(), self.lease.clone());
-        env.spawn_future(async move { Ok(driver.renew(&lease).await.err().map(NativeError::from)) })
+        let renewing = self.driver.renew(&self.lease);
+        env.spawn_future(async move { Ok(renewing.await.err().map(NativeError::from)) })
     }
 }

@@ -1,5 +1,6 @@
 //! The backend: acquire with its wait, release, renew. Plain Rust; the binding maps it to JS.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::lease::{new_token, Lease, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::scripts::{self, AcquireReply};
-use crate::waiters::{InProgress, Lines};
+use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
 
 static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -41,6 +42,15 @@ pub(crate) struct Inner {
     /// Background cleanups that failed while shutdown was running.
     pub cleanup_failures: Mutex<Vec<LockError>>,
     pub shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
+}
+
+/// An acquire that passed the checks and holds its place in line.
+struct Admitted {
+    _in_progress: InProgressGuard,
+    place: Place,
+    keys: Arc<KeyNames>,
+    wait_ms: u32,
+    deadline: Instant,
 }
 
 /// What one acquire attempt came to.
@@ -112,7 +122,22 @@ impl Driver {
 
     /// Acquires `key`, waiting up to `wait_ms` (`None`: the backend's waitTimeoutMs).
     /// `cancel` is the caller's AbortSignal.
-    pub async fn acquire(&self, key: &str, wait_ms: Option<u32>, cancel: CancellationToken) -> Result<Arc<Lease>, LockError> {
+    ///
+    /// The checks and the place in the key's line are taken when this is called, not when
+    /// the future is first polled: acquires called one after another line up in call
+    /// order, whichever runtime thread later drives them.
+    pub fn acquire(
+        &self,
+        key: &str,
+        wait_ms: Option<u32>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<Arc<Lease>, LockError>> + Send + 'static {
+        let admitted = self.admit(key, wait_ms, &cancel);
+        let this = self.clone();
+        async move { this.wait_and_acquire(admitted?, cancel).await }
+    }
+
+    fn admit(&self, key: &str, wait_ms: Option<u32>, cancel: &CancellationToken) -> Result<Admitted, LockError> {
         let inner = &self.inner;
         let options = &inner.options;
         if inner.stopping.is_cancelled() {
@@ -121,14 +146,27 @@ impl Driver {
         if cancel.is_cancelled() {
             return Err(LockError::aborted());
         }
-        let _in_progress = inner.in_progress.enter(options.max_waiters as usize)?;
+        let in_progress = inner.in_progress.enter(options.max_waiters as usize)?;
         if inner.leases.len() >= options.max_tracked_leases as usize {
             return Err(too_many_leases(options.max_tracked_leases));
         }
         let wait_ms = wait_ms.unwrap_or(options.wait_timeout_ms);
-        let deadline = Instant::now() + Duration::from_millis(wait_ms.into());
         let keys = Arc::new(KeyNames::new(&options.namespace, key));
         let place = inner.lines.join(&keys.hash, wait_ms == 0)?;
+        Ok(Admitted {
+            _in_progress: in_progress,
+            place,
+            keys,
+            wait_ms,
+            deadline: Instant::now() + Duration::from_millis(wait_ms.into()),
+        })
+    }
+
+    async fn wait_and_acquire(&self, admitted: Admitted, cancel: CancellationToken) -> Result<Arc<Lease>, LockError> {
+        let inner = &self.inner;
+        let options = &inner.options;
+        let Admitted { place, keys, wait_ms, deadline, .. } = &admitted;
+        let (wait_ms, deadline) = (*wait_ms, *deadline);
 
         tokio::select! {
             biased;
@@ -275,28 +313,36 @@ impl Driver {
         rx
     }
 
-    /// Releases `token` in the background, trying again until Redis answers or the key
-    /// has surely expired. Safe to repeat: the script deletes only our own token.
+    /// Releases `token` in the background (decision 0005). A failure left when it gives up
+    /// while shutdown runs makes shutdown report CLEANUP_FAILED.
     pub(crate) fn spawn_cleanup(&self, keys: Arc<KeyNames>, token: String, expiry: Instant) {
         let this = self.clone();
         self.inner.tasks.spawn(async move {
-            let mut pause = Duration::from_millis(this.inner.options.poll_interval_ms.into());
-            loop {
-                match this.release_token(&keys, &token).await {
-                    Ok(_) => return,
-                    Err(err) => {
-                        if Instant::now() + pause >= expiry {
-                            if this.inner.stopping.is_cancelled() {
-                                this.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
-                            }
-                            return;
-                        }
-                    }
+            if let Err(err) = this.clean_up(&keys, &token, expiry).await {
+                if this.inner.stopping.is_cancelled() {
+                    this.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
             }
         });
+    }
+
+    /// Releases `token`, trying again while the failure may pass (unknown outcome, no
+    /// connection, a stalled server) until the key has surely expired in Redis. Safe to
+    /// repeat: the script deletes only our own token.
+    pub(crate) async fn clean_up(&self, keys: &KeyNames, token: &str, expiry: Instant) -> Result<bool, LockError> {
+        let mut pause = Duration::from_millis(self.inner.options.poll_interval_ms.into());
+        loop {
+            let err = match self.release_token(keys, token).await {
+                Ok(released) => return Ok(released),
+                Err(err) => err,
+            };
+            let may_pass = err.cause.as_ref().is_some_and(|c| c.outcome == Outcome::Unknown || c.rides_out_waiting());
+            if !may_pass || Instant::now() + pause >= expiry {
+                return Err(err);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
     }
 
     /// One release script for `token`: true when it deleted our key.
@@ -311,30 +357,45 @@ impl Driver {
     }
 
     /// `lease.release()`: true when this call deleted our key, false when it was no longer
-    /// ours. Invalid from the moment it is called; a second call asks Redis nothing.
-    pub async fn release(&self, lease: &Arc<Lease>) -> Result<bool, LockError> {
-        if !lease.mark_released() {
-            return Ok(false);
-        }
+    /// ours. Invalid from the moment it is called (not when the future is polled); a second
+    /// call asks Redis nothing.
+    pub fn release(&self, lease: &Arc<Lease>) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
+        let first = lease.mark_released();
         let this = self.clone();
         let lease = lease.clone();
-        // Tracked, so shutdown waits for releases in progress.
-        let task = self.inner.tasks.spawn(async move {
-            let released = this.release_token(&lease.keys, &lease.token).await;
-            // A failed release stays tracked: shutdown tries it again.
-            if released.is_ok() {
-                this.inner.leases.remove(lease.id);
+        async move {
+            if !first {
+                return Ok(false);
             }
-            released
-        });
-        task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply())))
+            let tracked = this.clone();
+            // Tracked, so shutdown waits for releases in progress.
+            let task = this.inner.tasks.spawn(async move {
+                let released = tracked.release_token(&lease.keys, &lease.token).await;
+                // A failed release stays tracked: shutdown tries it again.
+                if released.is_ok() {
+                    tracked.inner.leases.remove(lease.id);
+                }
+                released
+            });
+            task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply())))
+        }
     }
 
-    /// `lease.renew()`: extends to leaseMs from this renew's submission.
-    pub async fn renew(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
-        if !lease.valid() {
-            return Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid"));
+    /// `lease.renew()`: extends to leaseMs from this renew's submission. Whether the lease
+    /// is still valid locally is decided when this is called.
+    pub fn renew(&self, lease: &Arc<Lease>) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
+        let valid = lease.valid();
+        let this = self.clone();
+        let lease = lease.clone();
+        async move {
+            if !valid {
+                return Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid"));
+            }
+            this.renew_valid(&lease).await
         }
+    }
+
+    async fn renew_valid(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
         let call = ScriptCall {
             script: &scripts::RENEW,
             keys: vec![lease.keys.lock.clone()],

@@ -134,7 +134,7 @@ impl Notifier {
                     }
                     None => return self.failed(RedisFailure::new(
                         crate::error::RedisErrorCode::ConnectionLost,
-                        crate::error::Outcome::NotSubmitted,
+                        crate::error::Outcome::Unknown,
                         "the release-notification connection was closed",
                     ), &lines),
                 },

@@ -28,7 +28,7 @@ impl Driver {
                 lease.mark_released();
                 let this = self.clone();
                 // Spawned: past the timeout they go on, and late confirmations still clean up.
-                inner.tasks.spawn(async move { this.release_token(&lease.keys, &lease.token).await })
+                inner.tasks.spawn(async move { this.clean_up(&lease.keys, &lease.token, lease.expiry_bound()).await })
             })
             .collect();
         inner.tasks.close();

@@ -154,15 +154,16 @@ impl Drop for Place {
 
 /// Counts the acquires in progress on a backend (`maxWaiters`).
 #[derive(Default)]
-pub struct InProgress(AtomicUsize);
+pub struct InProgress(Arc<AtomicUsize>);
 
-pub struct InProgressGuard<'a>(&'a InProgress);
+/// One acquire in progress; dropping it frees the slot.
+pub struct InProgressGuard(Arc<AtomicUsize>);
 
 impl InProgress {
-    pub fn enter(&self, max: usize) -> Result<InProgressGuard<'_>, LockError> {
+    pub fn enter(&self, max: usize) -> Result<InProgressGuard, LockError> {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .map(|_| InProgressGuard(self))
+            .map(|_| InProgressGuard(self.0.clone()))
             .map_err(|_| LockError::new(LockErrorCode::QueueFull, format!("maxWaiters ({max}) acquires are already in progress")))
     }
 
@@ -171,9 +172,9 @@ impl InProgress {
     }
 }
 
-impl Drop for InProgressGuard<'_> {
+impl Drop for InProgressGuard {
     fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
