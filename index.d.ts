@@ -122,6 +122,24 @@ export interface LockDriver {
   acquire(key: string, options?: AcquireOptions): Promise<Lease>
   /** Releases every tracked lease; rejects with CLEANUP_TIMEOUT or CLEANUP_FAILED. */
   shutdown(): Promise<void>
+  /** Counters of this backend, cheap enough to poll for metrics. Not part of the LockDriver contract. */
+  stats(): LockDriverStats
+}
+
+export interface LockDriverStats {
+  /** Acquires waiting in a line, first waiters included. */
+  waiters: number
+  /** Keys with at least one waiter. */
+  lines: number
+  /** All acquires in progress (what maxWaiters bounds). */
+  inProgress: number
+  trackedLeases: number
+  subscription: 'off' | 'starting' | 'live' | 'unsupported' | 'failed'
+  /** Acquire scripts sent to Redis. */
+  redisAttempts: number
+  notificationsReceived: number
+  /** Failed calls by code; every code is present, zeros included. */
+  errors: { [K in LockErrorCode]: number }
 }
 
 /** pino-compatible: `(fields, message)`. Every field object has a `code`. */

@@ -135,7 +135,13 @@ function createRedisLockDriver(connection, options, logger) {
     if (failed) throw toLockError(failed)
   }
 
-  return Object.freeze({ driver: 'redis', acquire, shutdown })
+  // Counters for metrics; cheap enough to poll. Errors keep the contract's order of codes.
+  function stats() {
+    const native = backend.stats()
+    return { ...native, errors: Object.fromEntries(Object.keys(LockErrorCode).map((code) => [code, native.errors[code]])) }
+  }
+
+  return Object.freeze({ driver: 'redis', acquire, shutdown, stats })
 }
 
 module.exports = { createRedisLockDriver, parseRedisLockBackend, LockError, LockErrorCode }

@@ -339,15 +339,33 @@ impl NativeDriver {
         env.spawn_future(async move { Ok(driver.shutdown().await.err().map(NativeError::from)) })
     }
 
-    #[napi(getter)]
-    pub fn tracked_leases(&self) -> u32 {
-        self.driver.tracked_leases() as u32
+    #[napi]
+    pub fn stats(&self) -> NativeStats {
+        let s = self.driver.stats();
+        NativeStats {
+            waiters: s.waiters as u32,
+            lines: s.lines as u32,
+            in_progress: s.in_progress as u32,
+            tracked_leases: s.tracked_leases as u32,
+            subscription: s.subscription.to_owned(),
+            redis_attempts: s.redis_attempts as f64,
+            notifications_received: s.notifications_received as f64,
+            errors: s.errors.into_iter().map(|(code, n)| (code.as_str().to_owned(), n as f64)).collect(),
+        }
     }
+}
 
-    #[napi(getter)]
-    pub fn waiters(&self) -> u32 {
-        self.driver.waiters() as u32
-    }
+/// `driver.stats()`.
+#[napi(object)]
+pub struct NativeStats {
+    pub waiters: u32,
+    pub lines: u32,
+    pub in_progress: u32,
+    pub tracked_leases: u32,
+    pub subscription: String,
+    pub redis_attempts: f64,
+    pub notifications_received: f64,
+    pub errors: HashMap<String, f64>,
 }
 
 impl Drop for NativeDriver {

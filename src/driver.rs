@@ -16,6 +16,7 @@ use crate::lease::{new_token, Lease, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::scripts::{self, AcquireReply};
+use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
 
 static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -35,6 +36,7 @@ pub(crate) struct Inner {
     pub lines: Arc<Lines>,
     pub notify: Arc<Notifier>,
     pub in_progress: InProgress,
+    pub counters: Counters,
     /// Cancelled when shutdown begins: stops every wait.
     pub stopping: CancellationToken,
     /// Every task that talks to Redis, so shutdown can wait for them.
@@ -78,6 +80,7 @@ impl Driver {
                 lines: Arc::new(Lines::default()),
                 notify,
                 in_progress: InProgress::default(),
+                counters: Counters::default(),
                 stopping: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 cleanup_failures: Mutex::new(Vec::new()),
@@ -120,6 +123,28 @@ impl Driver {
         self.inner.notify.received()
     }
 
+    pub fn stats(&self) -> Stats {
+        let inner = &self.inner;
+        Stats {
+            waiters: inner.lines.waiters(),
+            lines: inner.lines.len(),
+            in_progress: inner.in_progress.count(),
+            tracked_leases: inner.leases.len(),
+            subscription: inner.notify.state().as_str(),
+            redis_attempts: inner.counters.attempts(),
+            notifications_received: inner.notify.received(),
+            errors: inner.counters.errors(),
+        }
+    }
+
+    /// Counts a failed call by code for `stats()`, and passes the result on.
+    fn counted<T>(&self, result: Result<T, LockError>) -> Result<T, LockError> {
+        if let Err(err) = &result {
+            self.inner.counters.error(err.code);
+        }
+        result
+    }
+
     /// Acquires `key`, waiting up to `wait_ms` (`None`: the backend's waitTimeoutMs).
     /// `cancel` is the caller's AbortSignal.
     ///
@@ -134,7 +159,13 @@ impl Driver {
     ) -> impl Future<Output = Result<Arc<Lease>, LockError>> + Send + 'static {
         let admitted = self.admit(key, wait_ms, &cancel);
         let this = self.clone();
-        async move { this.wait_and_acquire(admitted?, cancel).await }
+        async move {
+            let acquired = match admitted {
+                Ok(admitted) => this.wait_and_acquire(admitted, cancel).await,
+                Err(err) => Err(err),
+            };
+            this.counted(acquired)
+        }
     }
 
     fn admit(&self, key: &str, wait_ms: Option<u32>, cancel: &CancellationToken) -> Result<Admitted, LockError> {
@@ -179,6 +210,7 @@ impl Driver {
         // A failure ridden out while waiting; reported if the wait ends on it.
         let mut last_failure: Option<RedisFailure>;
         loop {
+            inner.counters.attempt();
             let mut reply = self.spawn_attempt(keys.clone());
             let attempt = tokio::select! {
                 biased;
@@ -377,7 +409,7 @@ impl Driver {
                 }
                 released
             });
-            task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply())))
+            this.counted(task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply()))))
         }
     }
 
@@ -389,9 +421,10 @@ impl Driver {
         let lease = lease.clone();
         async move {
             if !valid {
-                return Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid"));
+                return this.counted(Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid")));
             }
-            this.renew_valid(&lease).await
+            let renewed = this.renew_valid(&lease).await;
+            this.counted(renewed)
         }
     }
 

@@ -12,6 +12,7 @@ pub mod notify;
 pub mod options;
 pub mod scripts;
 pub mod shutdown;
+pub mod stats;
 pub mod waiters;
 
 #[cfg(feature = "node")]

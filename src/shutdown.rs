@@ -10,7 +10,11 @@ impl Driver {
     /// Resolves when every tracked lease was released and every acquire or release in
     /// progress settled, within shutdownTimeoutMs. Calling it again returns the same result.
     pub async fn shutdown(&self) -> Result<(), LockError> {
-        self.inner.shutdown_result.get_or_init(|| self.shut_down()).await.clone()
+        let result = self.inner.shutdown_result.get_or_init(|| self.shut_down()).await.clone();
+        if let Err(err) = &result {
+            self.inner.counters.error(err.code);
+        }
+        result
     }
 
     pub fn is_shutting_down(&self) -> bool {
