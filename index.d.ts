@@ -55,7 +55,7 @@ export interface RedisErrorLike extends Error {
 export type RedisConnectionLike =
   | string
   | {
-      /** `redis://`, `redis+unix://` or `unix://`. (`rediss://`, `cluster` and `tls` are not supported yet.) */
+      /** `redis://`, `rediss://`, `redis+unix://` or `unix://`. (`cluster` is not supported yet.) */
       url: string
       /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
       name?: string
@@ -64,6 +64,7 @@ export type RedisConnectionLike =
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number
       cluster?: boolean
+      /** PEM strings, for `rediss://` with a private CA or a client certificate (cert and key together). */
       tls?: { ca?: string; cert?: string; key?: string }
     }
 

@@ -63,7 +63,25 @@ impl ScriptCall {
 
 impl RedisLink {
     pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
-        let client = Client::open(options.url.as_str())?;
+        if options.url.to_ascii_lowercase().starts_with("rediss://") {
+            install_crypto_provider();
+        }
+        let client = match &options.tls {
+            None => Client::open(options.url.as_str())?,
+            Some(tls) => {
+                let certificates = redis::TlsCertificates {
+                    client_tls: match (&tls.cert, &tls.key) {
+                        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                            client_cert: cert.as_bytes().to_vec(),
+                            client_key: key.as_bytes().to_vec(),
+                        }),
+                        _ => None,
+                    },
+                    root_cert: tls.ca.as_ref().map(|ca| ca.as_bytes().to_vec()),
+                };
+                Client::build_with_tls(options.url.as_str(), certificates)?
+            }
+        };
         let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
         // Replies are timed here, not by redis-rs: a late reply must still reach us so an
         // acquire that succeeded after its caller gave up can be cleaned up.
@@ -178,6 +196,11 @@ impl RedisLink {
             }
         }
     }
+}
+
+/// redis-rs takes rustls's process-wide crypto provider; install ring once if none is.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 async fn send(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {

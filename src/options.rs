@@ -160,6 +160,16 @@ pub struct ConnectionOptions {
     pub name: Option<String>,
     pub connect_timeout_ms: u32,
     pub command_timeout_ms: u32,
+    /// PEM material for `rediss://` with a private CA or client certificates.
+    pub tls: Option<TlsOptions>,
+}
+
+/// PEM strings. The key is secret: never printed.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct TlsOptions {
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 impl std::fmt::Debug for ConnectionOptions {
@@ -169,6 +179,7 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("name", &self.name)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -182,8 +193,8 @@ const SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
-    let (url, name, connect_timeout_ms, command_timeout_ms) = match raw {
-        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS),
+    let (url, name, connect_timeout_ms, command_timeout_ms, tls) = match raw {
+        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None),
         Raw::Object(_) => {
             let fields = fields(
                 "connection",
@@ -194,9 +205,6 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
             if get(fields, "cluster").is_some_and(|v| *v != Raw::Bool(false)) {
                 return Err(invalid("connection.cluster is not supported by this version".to_owned()));
             }
-            if get(fields, "tls").is_some() {
-                return Err(invalid("connection.tls is not supported by this version".to_owned()));
-            }
             let url = required_string("connection.url", get(fields, "url"))?;
             let name = match get(fields, "name") {
                 None => None,
@@ -206,7 +214,8 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
                 None => Ok(default),
                 Some(v) => int_in_range(&format!("connection.{field}"), v, 1),
             };
-            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?)
+            let tls = get(fields, "tls").map(parse_tls).transpose()?;
+            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?, tls)
         }
         other => {
             return Err(invalid(format!("connection must be a URL string or an object with url, not {}", other.type_name())))
@@ -217,14 +226,31 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     }
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
-        Some("rediss") => return Err(invalid("connection.url: rediss:// (TLS) is not supported by this version".to_owned())),
+        Some(s) if s != "rediss" && tls.is_some() => {
+            return Err(invalid("connection.tls needs a rediss:// url".to_owned()));
+        }
         Some(s) if SCHEMES.contains(&s) => {}
         _ => return Err(invalid("connection.url must start with redis://, rediss://, redis+unix:// or unix://".to_owned())),
     }
     if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
         return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
     }
-    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms })
+    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms, tls })
+}
+
+/// `{ ca?, cert?, key? }`, PEM strings; a client certificate needs its key.
+fn parse_tls(raw: &Raw) -> Result<TlsOptions, LockError> {
+    let fields = fields("connection.tls", raw, &["ca", "cert", "key"])?;
+    let pem = |name: &str| match get(fields, name) {
+        None => Ok(None),
+        Some(Raw::String(s)) if s.contains("-----BEGIN ") => Ok(Some(s.clone())),
+        Some(_) => Err(invalid(format!("connection.tls.{name} must be a PEM string"))),
+    };
+    let tls = TlsOptions { ca: pem("ca")?, cert: pem("cert")?, key: pem("key")? };
+    if tls.cert.is_some() != tls.key.is_some() {
+        return Err(invalid("connection.tls.cert and connection.tls.key go together".to_owned()));
+    }
+    Ok(tls)
 }
 
 /// The per-call `waitTimeoutMs` of `acquire`, or the backend's default.
@@ -313,6 +339,14 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"));
         let c = parse_connection(&obj(&[("url", s("unix:///tmp/redis.sock")), ("name", s("main")), ("commandTimeoutMs", Raw::Number(50.0))])).unwrap();
         assert_eq!((c.name.as_deref(), c.command_timeout_ms), (Some("main"), 50));
+        let tls = obj(&[("url", s("rediss://h:6380")), ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))]))]);
+        assert!(parse_connection(&tls).unwrap().tls.unwrap().ca.is_some());
+        let plain_with_tls = obj(&[("url", s("redis://h")), ("tls", obj(&[]))]);
+        assert!(parse_connection(&plain_with_tls).unwrap_err().message.contains("rediss://"));
+        let half = obj(&[("url", s("rediss://h")), ("tls", obj(&[("cert", s("-----BEGIN CERTIFICATE-----"))]))]);
+        assert!(parse_connection(&half).unwrap_err().message.contains("go together"));
+        let not_pem = obj(&[("url", s("rediss://h")), ("tls", obj(&[("key", s("sekrit"))]))]);
+        assert!(!parse_connection(&not_pem).unwrap_err().message.contains("sekrit"));
         for bad in ["http://:secret@host:1", "secret-host:6379", ""] {
             let e = parse_connection(&s(bad)).unwrap_err();
             assert_eq!(e.code, LockErrorCode::InvalidOptions);
