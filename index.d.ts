@@ -55,7 +55,7 @@ export interface RedisErrorLike extends Error {
 export type RedisConnectionLike =
   | string
   | {
-      /** `redis://`, `rediss://`, `redis+unix://` or `unix://`. (`cluster` is not supported yet.) */
+      /** `redis://`, `rediss://`, `redis+unix://` or `unix://`. */
       url: string
       /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
       name?: string
@@ -63,6 +63,7 @@ export type RedisConnectionLike =
       connectTimeoutMs?: number
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number
+      /** `url` names one node of a Redis Cluster. */
       cluster?: boolean
       /** PEM strings, for `rediss://` with a private CA or a client certificate (cert and key together). */
       tls?: { ca?: string; cert?: string; key?: string }

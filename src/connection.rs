@@ -1,4 +1,5 @@
-//! One lazily opened, multiplexed Redis connection per backend, and script calls on it.
+//! One lazily opened, multiplexed Redis connection per backend (or one Cluster connection),
+//! and script calls on it.
 //!
 //! Failures are classified where they happen: a connect that fails sent nothing
 //! (`not-submitted`); once a command is queued on the multiplexed connection, redis-rs
@@ -9,19 +10,37 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Value};
 
 use crate::error::RedisFailure;
 use crate::events;
-use crate::options::ConnectionOptions;
+use crate::options::{ConnectionOptions, TlsOptions};
 use crate::scripts::LuaScript;
 
 /// A connection of a known generation, so a failure resets only the connection it hit.
 #[derive(Clone)]
 pub struct Conn {
-    inner: MultiplexedConnection,
+    inner: Handle,
     generation: u64,
+}
+
+#[derive(Clone)]
+enum Handle {
+    Single(MultiplexedConnection),
+    /// Routes each script by its first key's slot; both lock keys share a hash tag.
+    Cluster(ClusterConnection),
+}
+
+impl Handle {
+    async fn send(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Handle::Single(conn) => conn.send_packed_command(cmd).await,
+            Handle::Cluster(conn) => conn.req_packed_command(cmd).await,
+        }
+    }
 }
 
 type Connecting = Shared<BoxFuture<'static, Result<Conn, RedisFailure>>>;
@@ -34,7 +53,9 @@ enum State {
 }
 
 pub struct RedisLink {
+    /// The node the URL names: commands in single mode, the subscription in both modes.
     client: Client,
+    cluster: Option<ClusterClient>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     pub command_timeout: Duration,
@@ -68,26 +89,26 @@ impl RedisLink {
         }
         let client = match &options.tls {
             None => Client::open(options.url.as_str())?,
-            Some(tls) => {
-                let certificates = redis::TlsCertificates {
-                    client_tls: match (&tls.cert, &tls.key) {
-                        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                            client_cert: cert.as_bytes().to_vec(),
-                            client_key: key.as_bytes().to_vec(),
-                        }),
-                        _ => None,
-                    },
-                    root_cert: tls.ca.as_ref().map(|ca| ca.as_bytes().to_vec()),
-                };
-                Client::build_with_tls(options.url.as_str(), certificates)?
-            }
+            Some(tls) => Client::build_with_tls(options.url.as_str(), certificates(tls))?,
         };
         let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
+        let cluster = if options.cluster {
+            // No retries: redis-rs would resend a command after an I/O error, and a command
+            // with an unsettled outcome is never retried (redirects are handled in `eval`).
+            let mut builder = ClusterClient::builder(vec![options.url.as_str()]).retries(0).connection_timeout(connect_timeout);
+            if let Some(certificates) = options.tls.as_ref().map(certificates) {
+                builder = builder.certs(certificates);
+            }
+            Some(builder.build()?)
+        } else {
+            None
+        };
         // Replies are timed here, not by redis-rs: a late reply must still reach us so an
         // acquire that succeeded after its caller gave up can be cleaned up.
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
         Ok(Self {
             client,
+            cluster,
             config,
             connect_timeout,
             command_timeout: Duration::from_millis(options.command_timeout_ms.into()),
@@ -130,17 +151,21 @@ impl RedisLink {
     }
 
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
-        let connect = self.client.get_multiplexed_async_connection_with_config(&self.config);
+        let connect = async {
+            Ok(match &self.cluster {
+                Some(cluster) => Handle::Cluster(cluster.get_async_connection().await?),
+                None => Handle::Single(self.client.get_multiplexed_async_connection_with_config(&self.config).await?),
+            })
+        };
         let inner = match tokio::time::timeout(self.connect_timeout, connect).await {
             Err(_) => return Err(RedisFailure::connect_timeout()),
             Ok(Err(err)) => return Err(RedisFailure::connect(&err)),
             Ok(Ok(inner)) => inner,
         };
-        let conn = Conn { inner, generation };
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
-            tokio::spawn(check_eviction_policy(conn.clone(), self.driver_id));
+            tokio::spawn(check_eviction_policy(self.clone(), inner.clone()));
         }
-        Ok(conn)
+        Ok(Conn { inner, generation })
     }
 
     /// Drops `conn` if it is still the shared one, so the next command reconnects.
@@ -173,6 +198,15 @@ impl RedisLink {
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
+        // A MOVED reply means the node did not run it, so sending it again is no retry of
+        // an unsettled command. redis-rs refreshes its slot map on MOVED; give it a moment.
+        for pause_ms in [0, 10, 50] {
+            if !matches!(&reply, Err(f) if f.server_code.as_deref() == Some("MOVED")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            reply = send(&mut inner, &call.command(true)).await;
+        }
         if matches!(&reply, Err(f) if f.is_no_script()) {
             reply = send(&mut inner, &call.command(false)).await;
         }
@@ -203,21 +237,39 @@ fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-async fn send(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
-    conn.send_packed_command(cmd).await.and_then(Value::extract_error).map_err(|e| RedisFailure::command(&e))
+fn certificates(tls: &TlsOptions) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                Some(redis::ClientTlsConfig { client_cert: cert.as_bytes().to_vec(), client_key: key.as_bytes().to_vec() })
+            }
+            _ => None,
+        },
+        root_cert: tls.ca.as_ref().map(|ca| ca.as_bytes().to_vec()),
+    }
+}
+
+async fn send(conn: &mut Handle, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
+    conn.send(cmd).await.and_then(Value::extract_error).map_err(|e| RedisFailure::command(&e))
 }
 
 /// Reads `maxmemory-policy` through INFO (allowed where CONFIG is not) and warns when Redis
 /// may evict lock keys. A denied INFO is not an error: the check is advice.
-async fn check_eviction_policy(conn: Conn, driver_id: u64) {
-    let mut inner = conn.inner;
+/// In a Cluster, INFO is asked of the node the URL names.
+async fn check_eviction_policy(link: Arc<RedisLink>, conn: Handle) {
     let mut info = redis::cmd("INFO");
     info.arg("memory");
-    let reply = info.query_async::<String>(&mut inner);
-    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), reply).await else { return };
+    let ask = async {
+        let mut conn = match conn {
+            Handle::Single(conn) => conn,
+            Handle::Cluster(_) => link.client.get_multiplexed_async_connection_with_config(&link.config).await?,
+        };
+        info.query_async::<String>(&mut conn).await
+    };
+    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), ask).await else { return };
     if let Some(policy) = maxmemory_policy(&info) {
         if policy != "noeviction" {
-            events::eviction_unsafe(driver_id, policy);
+            events::eviction_unsafe(link.driver_id, policy);
         }
     }
 }

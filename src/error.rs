@@ -123,8 +123,9 @@ pub struct RedisFailure {
 
 /// Server error codes after which the same command may succeed later (contract: 503).
 const TRANSIENT_SERVER_CODES: [&str; 4] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"];
-/// Server error codes a waiting acquire rides out until its wait ends (contract).
-const RIDE_OUT_SERVER_CODES: [&str; 5] = ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM"];
+/// Server error codes a waiting acquire rides out until its wait ends: the contract's list,
+/// plus a Cluster's redirections and outages, which also surely had no effect (decision 0009).
+const RIDE_OUT_SERVER_CODES: [&str; 8] = ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "MOVED", "ASK", "CLUSTERDOWN"];
 /// Refused credentials or permissions: waiting cannot fix them.
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 

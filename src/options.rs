@@ -162,6 +162,8 @@ pub struct ConnectionOptions {
     pub command_timeout_ms: u32,
     /// PEM material for `rediss://` with a private CA or client certificates.
     pub tls: Option<TlsOptions>,
+    /// `url` names one node of a Redis Cluster.
+    pub cluster: bool,
 }
 
 /// PEM strings. The key is secret: never printed.
@@ -180,6 +182,7 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -193,18 +196,19 @@ const SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
-    let (url, name, connect_timeout_ms, command_timeout_ms, tls) = match raw {
-        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None),
+    let (url, name, connect_timeout_ms, command_timeout_ms, tls, cluster) = match raw {
+        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None, false),
         Raw::Object(_) => {
             let fields = fields(
                 "connection",
                 raw,
                 &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls"],
             )?;
-            // Accepted by the contract's type, built in a later version (issue: beyond one server).
-            if get(fields, "cluster").is_some_and(|v| *v != Raw::Bool(false)) {
-                return Err(invalid("connection.cluster is not supported by this version".to_owned()));
-            }
+            let cluster = match get(fields, "cluster") {
+                None => false,
+                Some(Raw::Bool(b)) => *b,
+                Some(_) => return Err(invalid("connection.cluster must be a boolean".to_owned())),
+            };
             let url = required_string("connection.url", get(fields, "url"))?;
             let name = match get(fields, "name") {
                 None => None,
@@ -215,7 +219,7 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
                 Some(v) => int_in_range(&format!("connection.{field}"), v, 1),
             };
             let tls = get(fields, "tls").map(parse_tls).transpose()?;
-            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?, tls)
+            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?, tls, cluster)
         }
         other => {
             return Err(invalid(format!("connection must be a URL string or an object with url, not {}", other.type_name())))
@@ -235,7 +239,10 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
         return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
     }
-    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms, tls })
+    if cluster && scheme.as_deref().is_some_and(|s| s.ends_with("unix")) {
+        return Err(invalid("connection.cluster needs a redis:// or rediss:// url".to_owned()));
+    }
+    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms, tls, cluster })
 }
 
 /// `{ ca?, cert?, key? }`, PEM strings; a client certificate needs its key.
