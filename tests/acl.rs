@@ -1,0 +1,59 @@
+//! The whole driver as a least-privilege user: only the commands, key pattern and channel
+//! that README's ACL rule grants.
+
+mod support;
+
+use std::time::Duration;
+
+use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::Driver;
+use support::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+/// README.md, "Least privilege", with the namespace `locks`.
+const RULE: &[&str] = &[
+    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
+    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_runs_whole_as_the_least_privileged_user() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]);
+    let mut setuser = vec!["ACL", "SETUSER", "locker"];
+    setuser.extend_from_slice(RULE);
+    assert!(redis.command(&setuser).starts_with("+OK"));
+    let url = redis.url().replace("redis://", "redis://locker:s3cret@");
+    let backend = options::parse_backend(&Raw::Object(vec![
+        ("driver".to_owned(), Raw::String("redis".into())),
+        ("connection".to_owned(), Raw::String("main".into())),
+        ("namespace".to_owned(), Raw::String("locks".into())),
+        ("pollIntervalMs".to_owned(), Raw::Number(5_000.0)),
+        ("notifyPollIntervalMs".to_owned(), Raw::Number(5_000.0)),
+    ]))
+    .unwrap();
+    let d = Driver::new(&options::parse_connection(&Raw::String(url)).unwrap(), backend).unwrap();
+
+    let held = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    d.renew(&held).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
+    });
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    while d.subscription_state() != SubscriptionState::Live {
+        assert!(std::time::Instant::now() < end, "subscription state {:?}", d.subscription_state());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(d.release(&held).await.unwrap());
+    let next = waiter.await.unwrap().expect("woken by the notification, well before the 5 s poll");
+    assert!(d.release(&next).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    // Nothing the driver sent was refused.
+    let log = redis.command(&["ACL", "LOG"]);
+    assert!(!log.contains("locker"), "ACL LOG has denials: {log}");
+}
