@@ -19,23 +19,23 @@ test('stats count leases, waiters, lines, Redis attempts and errors by code', as
     assert.ok(Object.values(idle.errors).every((n) => n === 0))
     assert.equal(idle.subscription, 'off')
 
-    const held = await d.acquire('a')
+    const [heldA, heldB] = [await d.acquire('a'), await d.acquire('b')]
     assert.equal((await failure(d.acquire('a', { waitTimeoutMs: 0 }))).code, 'LOCK_BUSY')
-    const waiting = d.acquire('a', { waitTimeoutMs: 5000 })
-    const other = d.acquire('b', { waitTimeoutMs: 5000 }) // free: resolves at once
+    const waiting = [d.acquire('a', { waitTimeoutMs: 5000 }), d.acquire('a', { waitTimeoutMs: 5000 }), d.acquire('b', { waitTimeoutMs: 5000 })]
     let s = d.stats()
-    assert.equal(s.waiters, 2)
+    assert.equal(s.waiters, 3)
     assert.equal(s.lines, 2)
-    assert.equal(s.inProgress, 2)
+    assert.equal(s.inProgress, 3)
     assert.equal(s.errors.LOCK_BUSY, 1)
-    const b = await other
-    await held.release()
-    const next = await waiting
+    await Promise.all([heldA.release(), heldB.release()])
+    const [nextA, nextB] = [await waiting[0], await waiting[2]]
     s = d.stats()
     assert.equal(s.trackedLeases, 2)
-    assert.equal(s.waiters, 0)
-    assert.ok(s.redisAttempts >= 4, `${s.redisAttempts} attempts`)
-    await Promise.all([b.release(), next.release()])
+    assert.equal(s.waiters, 1, 'the second waiter for a is still in line')
+    assert.ok(s.redisAttempts >= 5, `${s.redisAttempts} attempts`)
+    await nextA.release()
+    await (await waiting[1]).release()
+    await nextB.release()
     assert.equal(d.stats().trackedLeases, 0)
   } finally {
     await d.shutdown()

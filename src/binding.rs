@@ -245,6 +245,21 @@ fn install_log_layer() {
     });
 }
 
+// --- runtime ---------------------------------------------------------------------------
+
+/// The tokio runtime every driver of this process runs on (docs/decisions/0011).
+#[napi_derive::module_init]
+fn init_runtime() {
+    let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("dokebi-lock-redis")
+        .enable_all()
+        .build()
+        .expect("a tokio runtime can be built");
+    create_custom_tokio_runtime(runtime);
+}
+
 // --- driver ----------------------------------------------------------------------------
 
 /// An AbortSignal's Rust side: index.js calls `cancel()` from the signal's abort listener.

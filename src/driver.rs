@@ -209,7 +209,17 @@ impl Driver {
 
         // A failure ridden out while waiting; reported if the wait ends on it.
         let mut last_failure: Option<RedisFailure>;
+        // The waiter before us in this line acquired the key: it is held here, so asking
+        // Redis now would only hear "busy". Wait for the release to be announced.
+        let mut skip_attempt = wait_ms > 0 && place.line.held_here();
         loop {
+            if skip_attempt {
+                skip_attempt = false;
+                inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
+                let delay = self.safety_interval().min(deadline.saturating_duration_since(Instant::now()));
+                self.pause(place, delay, &cancel).await?;
+                continue;
+            }
             inner.counters.attempt();
             let mut reply = self.spawn_attempt(keys.clone());
             let attempt = tokio::select! {
@@ -219,7 +229,10 @@ impl Driver {
                 _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
             };
             let delay = match attempt {
-                Attempt::Acquired(lease) => return self.track(lease),
+                Attempt::Acquired(lease) => {
+                    place.line.mark_held_here();
+                    return self.track(lease);
+                }
                 Attempt::Busy(_) if wait_ms == 0 => {
                     return Err(LockError::new(LockErrorCode::LockBusy, "the lock is held by another owner"))
                 }
@@ -249,13 +262,19 @@ impl Driver {
             if delay.is_zero() {
                 continue;
             }
-            tokio::select! {
-                biased;
-                _ = inner.stopping.cancelled() => return Err(LockError::shut_down()),
-                _ = cancel.cancelled() => return Err(LockError::aborted()),
-                _ = place.line.wake.notified() => {}
-                _ = tokio::time::sleep(delay) => {}
-            }
+            self.pause(place, delay, &cancel).await?;
+        }
+    }
+
+    /// Sleeps up to `delay`, or until a release of the key is announced.
+    async fn pause(&self, place: &Place, delay: Duration, cancel: &CancellationToken) -> Result<(), LockError> {
+        let inner = &self.inner;
+        tokio::select! {
+            biased;
+            _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
+            _ = cancel.cancelled() => Err(LockError::aborted()),
+            _ = place.line.wake.notified() => Ok(()),
+            _ = tokio::time::sleep(delay) => Ok(()),
         }
     }
 
@@ -393,6 +412,9 @@ impl Driver {
     /// call asks Redis nothing.
     pub fn release(&self, lease: &Arc<Lease>) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
         let first = lease.mark_released();
+        if first {
+            self.inner.lines.releasing(&lease.keys.hash);
+        }
         let this = self.clone();
         let lease = lease.clone();
         async move {

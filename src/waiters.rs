@@ -2,7 +2,7 @@
 //! Redis, so a crowd of waiters costs Redis one attempt at a time.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -36,6 +36,9 @@ pub struct Line {
     queue: Mutex<VecDeque<(u64, Arc<Notify>)>>,
     /// Wakes the first waiter early: a release notification, or a new subscription.
     pub wake: Notify,
+    /// The previous first waiter acquired the key: the next one need not ask Redis until a
+    /// release is announced.
+    held_here: AtomicBool,
 }
 
 /// A waiter's place in its line; leaving (drop) passes the turn on.
@@ -90,6 +93,13 @@ impl Lines {
         self.changed.notified().await;
     }
 
+    /// This backend is releasing `hash`: its line (if any) no longer holds it.
+    pub fn releasing(&self, hash: &str) {
+        if let Some(line) = self.map().get(hash).cloned() {
+            line.held_here.store(false, Ordering::Release);
+        }
+    }
+
     /// Wakes the first waiter of the line of `hash`, if there is one.
     pub fn wake(&self, hash: &str) -> bool {
         let line = self.map().get(hash).cloned();
@@ -119,6 +129,14 @@ impl Lines {
 }
 
 impl Line {
+    pub fn mark_held_here(&self) {
+        self.held_here.store(true, Ordering::Release);
+    }
+
+    pub fn held_here(&self) -> bool {
+        self.held_here.load(Ordering::Acquire)
+    }
+
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }

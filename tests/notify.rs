@@ -196,3 +196,32 @@ async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays(
     waiter.await.unwrap().unwrap();
     d.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_waiter_does_not_ask_redis_while_its_predecessor_holds_the_key() {
+    let redis = RedisServer::start();
+    let d = driver(redis.url(), "handoff", &SLOW_POLLS);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let second = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+    });
+    eventually("the subscription", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    let third = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+    });
+    eventually("the third waiter to queue", Duration::from_secs(2), || d.waiters() == 2).await;
+    d.release(&held).await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    // The third waiter is first now, but the key is held by this backend: no attempt until
+    // the release is announced.
+    let before = calls(&redis, "evalsha");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(calls(&redis, "evalsha"), before, "no busy attempt while the key is held here");
+    let released_at = Instant::now();
+    d.release(&second).await.unwrap();
+    third.await.unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woken by the notification");
+    d.shutdown().await.unwrap();
+}
