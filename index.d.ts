@@ -32,6 +32,7 @@ export declare const LockErrorCode: { readonly [K in LockErrorCode]: K }
  * key, a token, a password or an address.
  */
 export declare class LockError extends Error {
+  constructor(code: LockErrorCode, message?: string, options?: ErrorOptions)
   readonly name: 'LockError'
   readonly code: LockErrorCode
   readonly cause?: unknown
@@ -58,15 +59,15 @@ export type RedisConnectionLike =
       /** `redis://`, `rediss://`, `redis+unix://` or `unix://`. */
       url: string
       /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
-      name?: string
+      name?: string | undefined
       /** Default 2000. */
-      connectTimeoutMs?: number
+      connectTimeoutMs?: number | undefined
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
-      commandTimeoutMs?: number
+      commandTimeoutMs?: number | undefined
       /** `url` names one node of a Redis Cluster. */
-      cluster?: boolean
+      cluster?: boolean | undefined
       /** PEM strings, for `rediss://` with a private CA or a client certificate (cert and key together). */
-      tls?: { ca?: string; cert?: string; key?: string }
+      tls?: { ca?: string | undefined; cert?: string | undefined; key?: string | undefined } | undefined
     }
 
 /** The backend options, validated by {@link parseRedisLockBackend}. Unknown fields are rejected. */
@@ -77,31 +78,31 @@ export interface RedisLockBackendInput {
   /** Required, never defaulted; no whitespace, control characters, `{` or `}`. */
   namespace: string
   /** 1 .. 2^31-1, default 10000. */
-  leaseMs?: number
+  leaseMs?: number | undefined
   /** 0 .. 2^31-1, default 5000; 0 tries once. */
-  waitTimeoutMs?: number
+  waitTimeoutMs?: number | undefined
   /** Safety interval without a live subscription, default 25. */
-  pollIntervalMs?: number
+  pollIntervalMs?: number | undefined
   /** Safety interval with a live subscription, default 250. */
-  notifyPollIntervalMs?: number
+  notifyPollIntervalMs?: number | undefined
   /** All acquires in progress on the backend, default 128. */
-  maxWaiters?: number
+  maxWaiters?: number | undefined
   /** Default 10000. */
-  maxTrackedLeases?: number
+  maxTrackedLeases?: number | undefined
   /** Default 5000. */
-  shutdownTimeoutMs?: number
+  shutdownTimeoutMs?: number | undefined
   /** UTF-8 bytes of a key, default 1024. */
-  maxKeyBytes?: number
+  maxKeyBytes?: number | undefined
 }
 
 /** The options with every default filled in. */
-export type RedisLockBackend = Required<RedisLockBackendInput>
+export type RedisLockBackend = { [K in keyof RedisLockBackendInput]-?: Exclude<RedisLockBackendInput[K], undefined> }
 
 export interface AcquireOptions {
   /** Aborting rejects with ABORTED whose `cause` is `signal.reason`. */
-  signal?: AbortSignal
+  signal?: AbortSignal | undefined
   /** Overrides the backend's waitTimeoutMs for this call; 0 tries once. */
-  waitTimeoutMs?: number
+  waitTimeoutMs?: number | undefined
 }
 
 export interface Lease {
@@ -146,10 +147,10 @@ export interface LockDriverStats {
 
 /** pino-compatible: `(fields, message)`. Every field object has a `code`. */
 export interface LockLogger {
-  debug?(fields: object, msg?: string): void
-  info?(fields: object, msg?: string): void
-  warn?(fields: object, msg?: string): void
-  error?(fields: object, msg?: string): void
+  debug?: ((fields: object, msg?: string) => void) | undefined
+  info?: ((fields: object, msg?: string) => void) | undefined
+  warn?: ((fields: object, msg?: string) => void) | undefined
+  error?: ((fields: object, msg?: string) => void) | undefined
 }
 
 /** Validates backend options and fills in defaults; throws LockError INVALID_OPTIONS. */

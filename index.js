@@ -2,7 +2,26 @@
 // A thin wrapper over the generated binding: the LockError class, AbortSignal wiring and
 // the logger adapter. Every lock decision is made in Rust (src/).
 
-const native = require('./binding.js')
+// The generated loader's own error does not name the platform; this one does.
+function loadBinding() {
+  try {
+    return require('./binding.js')
+  } catch (cause) {
+    const { platform, arch } = process
+    let target = `${platform}-${arch}`
+    if (platform === 'linux') {
+      process.report.excludeNetwork = true
+      target += process.report.getReport().header.glibcVersionRuntime ? '-gnu' : '-musl'
+    } else if (platform === 'win32') target += '-msvc'
+    const prebuilt = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'darwin-x64', 'darwin-arm64', 'win32-x64-msvc']
+    const fix = prebuilt.includes(target)
+      ? `Its binary comes in the optional dependency @dokebi/lock-redis-${target}: install without --omit=optional / --no-optional (if it is still missing, remove node_modules and package-lock.json and install again: npm/cli#4828).`
+      : 'No prebuilt binary exists for it; build from source with Rust (npm run build).'
+    throw new Error(`@dokebi/lock-redis: no native binding could be loaded for ${target} (Node ${process.version}). Prebuilt: ${prebuilt.join(', ')}. ${fix}`, { cause })
+  }
+}
+
+const native = loadBinding()
 
 const LockErrorCode = Object.freeze(Object.fromEntries(native.errorCodes().map((code) => [code, code])))
 
@@ -18,6 +37,8 @@ class LockError extends Error {
 class RedisError extends Error {
   constructor({ code, outcome, retryable, serverCode, message }) {
     super(message)
+    // Enumerable, so loggers that serialise `cause` as a plain object (pino) keep it.
+    Object.defineProperty(this, 'message', { value: message, enumerable: true, writable: true, configurable: true })
     this.name = 'RedisError'
     this.plugin = 'dokebi-redis'
     this.code = code

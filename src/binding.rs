@@ -257,8 +257,13 @@ fn init_runtime() {
         .enable_all()
         .build()
         .expect("a tokio runtime can be built");
+    let _ = RUNTIME.set(runtime.handle().clone());
     create_custom_tokio_runtime(runtime);
 }
+
+/// A handle that outlives napi's access to the runtime: spawning through it after the
+/// runtime stopped drops the task instead of panicking (env cleanup hooks run late).
+static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
 
 // --- driver ----------------------------------------------------------------------------
 
@@ -288,7 +293,7 @@ pub struct NativeDriver {
 }
 
 #[napi]
-pub fn create_driver(connection: Unknown, options: Unknown, log: Option<LogFn>) -> Result<Either<NativeDriver, NativeError>> {
+pub fn create_driver(env: Env, connection: Unknown, options: Unknown, log: Option<LogFn>) -> Result<Either<NativeDriver, NativeError>> {
     let (connection, options) = (to_raw(&connection, 0)?, to_raw(&options, 0)?);
     let created = options::parse_connection(&connection).and_then(|conn| {
         let opts = options::parse_backend(&options)?;
@@ -305,6 +310,17 @@ pub fn create_driver(connection: Unknown, options: Unknown, log: Option<LogFn>) 
         install_log_layer();
         loggers().insert(driver.id(), Arc::new(log));
     }
+    // The runtime is shared by every thread of the process: when a worker thread's
+    // environment goes away, its drivers must stop waiting and give their leases back
+    // rather than go on locking for a thread that no longer exists.
+    let weak = driver.downgrade();
+    env.add_env_cleanup_hook((), move |()| {
+        if let (Some(driver), Some(runtime)) = (weak.upgrade(), RUNTIME.get()) {
+            runtime.spawn(async move {
+                let _ = driver.shutdown().await;
+            });
+        }
+    })?;
     Ok(Either::A(NativeDriver { driver }))
 }
 

@@ -46,6 +46,15 @@ pub(crate) struct Inner {
     pub shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
 }
 
+/// See [`Driver::downgrade`].
+pub struct WeakDriver(std::sync::Weak<Inner>);
+
+impl WeakDriver {
+    pub fn upgrade(&self) -> Option<Driver> {
+        self.0.upgrade().map(|inner| Driver { inner })
+    }
+}
+
 /// An acquire that passed the checks and holds its place in line.
 struct Admitted {
     _in_progress: InProgressGuard,
@@ -91,6 +100,11 @@ impl Driver {
 
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// A handle that does not keep the driver alive.
+    pub fn downgrade(&self) -> WeakDriver {
+        WeakDriver(Arc::downgrade(&self.inner))
     }
 
     pub fn options(&self) -> &BackendOptions {
