@@ -1,13 +1,13 @@
 //! The whole driver as a least-privilege user: only the commands, key pattern and channel
 //! that README's ACL rule grants.
 
+mod common;
 mod support;
 
 use std::time::Duration;
 
 use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::{self, Raw};
-use dokebi_lock_redis::Driver;
+use common::{driver, url};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -26,16 +26,8 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     let mut setuser = vec!["ACL", "SETUSER", "locker"];
     setuser.extend_from_slice(RULE);
     assert!(redis.command(&setuser).starts_with("+OK"));
-    let url = redis.url().replace("redis://", "redis://locker:s3cret@");
-    let backend = options::parse_backend(&Raw::Object(vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String("locks".into())),
-        ("pollIntervalMs".to_owned(), Raw::Number(5_000.0)),
-        ("notifyPollIntervalMs".to_owned(), Raw::Number(5_000.0)),
-    ]))
-    .unwrap();
-    let d = Driver::new(&options::parse_connection(&Raw::String(url)).unwrap(), backend).unwrap();
+    let user_url = redis.url().replace("redis://", "redis://locker:s3cret@");
+    let d = driver(url(&user_url), "locks", &[("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)]);
 
     let held = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     d.renew(&held).await.unwrap();

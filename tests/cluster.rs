@@ -1,13 +1,14 @@
 //! A local 3-master Redis Cluster: locks on keys in different slots, release notifications
 //! across nodes, and a slot moved to another node while the driver's map is stale.
 
+mod common;
 mod support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dokebi_lock_redis::options::{self, Raw};
-use dokebi_lock_redis::Driver;
+use common::{connection, driver};
+use dokebi_lock_redis::options::Raw;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -57,30 +58,17 @@ fn slot_of(redis: &RedisServer, key: &str) -> u16 {
     reply.trim_start_matches(':').trim().parse().unwrap()
 }
 
-fn driver(url: &str) -> Driver {
-    let backend = options::parse_backend(&Raw::Object(vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String("cl".into())),
-        ("pollIntervalMs".to_owned(), Raw::Number(5_000.0)),
-        ("notifyPollIntervalMs".to_owned(), Raw::Number(5_000.0)),
-    ]))
-    .unwrap();
-    let connection = options::parse_connection(&Raw::Object(vec![
-        ("url".to_owned(), Raw::String(url.into())),
-        ("cluster".to_owned(), Raw::Bool(true)),
-    ]))
-    .unwrap();
-    Driver::new(&connection, backend).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_followed() {
     if support::external() {
         return;
     }
     let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
-    let d = driver(cluster.nodes[0].url());
+    let d = driver(
+        connection(cluster.nodes[0].url(), &[("cluster", Raw::Bool(true))]),
+        "cl",
+        &[("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)],
+    );
 
     // Keys spread over the nodes; each lock's two keys share a slot, so each script runs whole.
     let keys: Vec<String> = (0..12).map(|i| format!("job:{i}")).collect();

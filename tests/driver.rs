@@ -1,60 +1,20 @@
 //! The driver's Redis paths against a real, throwaway redis-server.
 
+mod common;
 mod support;
 
 use std::time::{Duration, Instant};
 
-use dokebi_lock_redis::options::{self, Raw};
-use dokebi_lock_redis::{Driver, LockErrorCode, Outcome};
+use common::{connection, driver, eventually, hash, url, value};
+use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::{LockErrorCode, Outcome};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
-
-fn driver(url: &str, namespace: &str, extra: &[(&str, f64)]) -> Driver {
-    driver_with(url, namespace, extra, None)
-}
-
-fn driver_with(url: &str, namespace: &str, extra: &[(&str, f64)], command_timeout_ms: Option<f64>) -> Driver {
-    let mut fields = vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String(namespace.into())),
-    ];
-    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let mut conn = vec![("url".to_owned(), Raw::String(url.into()))];
-    if let Some(ms) = command_timeout_ms {
-        conn.push(("commandTimeoutMs".to_owned(), Raw::Number(ms)));
-    }
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    let connection = options::parse_connection(&Raw::Object(conn)).unwrap();
-    Driver::new(&connection, backend).unwrap()
-}
-
-fn hash(key: &str) -> String {
-    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
-}
-
-/// The bulk-string payload of a raw RESP reply, or the integer of an integer reply.
-fn value(reply: &str) -> String {
-    let mut lines = reply.split("\r\n");
-    let first = lines.next().unwrap_or_default();
-    match first.as_bytes().first() {
-        Some(b'$') => lines.next().unwrap_or_default().to_owned(),
-        _ => first[1..].to_owned(),
-    }
-}
-
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let end = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < end, "{what} did not happen within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_are_exact_decimals_seeded_from_redis_time_and_survive_data_loss() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "fence", &[]);
+    let d = driver(url(redis.url()), "fence", &[]);
     let before: u128 = value(&redis.command(&["TIME"])).parse().unwrap();
     let first = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
     let fence: u128 = first.fence.parse().unwrap();
@@ -83,7 +43,7 @@ async fn fences_are_exact_decimals_seeded_from_redis_time_and_survive_data_loss(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_script_cache_falls_back_to_eval_once() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "noscript", &[]);
+    let d = driver(url(redis.url()), "noscript", &[]);
     let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     redis.command(&["SCRIPT", "FLUSH"]);
     redis.command(&["CONFIG", "RESETSTAT"]);
@@ -97,7 +57,7 @@ async fn a_flushed_script_cache_falls_back_to_eval_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_gets_the_lock_when_the_holder_releases_and_zero_wait_is_busy() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "wait", &[]);
+    let d = driver(url(redis.url()), "wait", &[]);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let busy = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(busy.code, LockErrorCode::LockBusy);
@@ -117,7 +77,7 @@ async fn a_waiter_gets_the_lock_when_the_holder_releases_and_zero_wait_is_busy()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renew_extends_and_a_stolen_lease_is_lost() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "renew", &[("leaseMs", 300.0)]);
+    let d = driver(url(redis.url()), "renew", &[("leaseMs", 300.0)]);
     let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     d.renew(&lease).await.unwrap();
@@ -135,7 +95,7 @@ async fn a_renew_extends_and_a_stolen_lease_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_confirmed_after_cancellation_is_released_by_token() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "cancel", &[]);
+    let d = driver(url(redis.url()), "cancel", &[]);
     // Warm the connection, so the attempt below is surely submitted before the pause.
     d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
     redis.pause();
@@ -156,7 +116,7 @@ async fn an_acquire_confirmed_after_cancellation_is_released_by_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_reply_is_outcome_unknown_and_is_cleaned_up_once_redis_answers() {
     let redis = RedisServer::start();
-    let d = driver_with(redis.url(), "stall", &[], Some(150.0));
+    let d = driver(connection(redis.url(), &[("commandTimeoutMs", Raw::Number(150.0))]), "stall", &[]);
     d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
     redis.pause();
     let started = Instant::now();
@@ -176,7 +136,7 @@ async fn a_stalled_reply_is_outcome_unknown_and_is_cleaned_up_once_redis_answers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_listening_is_provider_failed_and_a_wait_rides_it_out_until_the_end() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let d = driver(&format!("redis://127.0.0.1:{port}"), "down", &[]);
+    let d = driver(url(&format!("redis://127.0.0.1:{port}")), "down", &[]);
     let once = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(once.code, LockErrorCode::ProviderFailed);
     assert_eq!(once.cause.as_ref().map(|c| c.outcome), Some(Outcome::NotSubmitted));
@@ -190,7 +150,7 @@ async fn nothing_listening_is_provider_failed_and_a_wait_rides_it_out_until_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_tracked_leases_and_stops_waits() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "stop", &[]);
+    let d = driver(url(redis.url()), "stop", &[]);
     let a = d.acquire("a", Some(0), CancellationToken::new()).await.unwrap();
     let _b = d.acquire("b", Some(0), CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({
@@ -210,7 +170,7 @@ async fn shutdown_releases_tracked_leases_and_stops_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_against_a_stalled_redis_times_out_and_never_claims_success() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "stall-stop", &[("shutdownTimeoutMs", 200.0)]);
+    let d = driver(url(redis.url()), "stall-stop", &[("shutdownTimeoutMs", 200.0)]);
     let _lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     redis.pause();
     let err = d.shutdown().await.unwrap_err();

@@ -1,52 +1,20 @@
 //! Release notifications and the per-process wait line against a real redis-server.
 
+mod common;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::{self, Raw};
-use dokebi_lock_redis::{Driver, LockErrorCode};
+use common::{calls, driver, eventually, hash, url};
+use dokebi_lock_redis::LockErrorCode;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
-
-fn driver(url: &str, namespace: &str, extra: &[(&str, f64)]) -> Driver {
-    let mut fields = vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String(namespace.into())),
-    ];
-    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    let connection = options::parse_connection(&Raw::String(url.into())).unwrap();
-    Driver::new(&connection, backend).unwrap()
-}
-
-fn hash(key: &str) -> String {
-    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
-}
 
 fn numsub(redis: &RedisServer, channel: &str) -> String {
     // "*2\r\n$N\r\n<channel>\r\n:<count>\r\n"
     let reply = redis.command(&["PUBSUB", "NUMSUB", channel]);
     reply.rsplit(':').next().unwrap_or_default().trim().to_owned()
-}
-
-fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.command(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let end = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < end, "{what} did not happen within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Safety polls so slow that only a notification can explain a quick wake-up.
@@ -55,7 +23,7 @@ const SLOW_POLLS: [(&str, f64); 2] = [("pollIntervalMs", 5_000.0), ("notifyPollI
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_locks_never_subscribe() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "calm", &[]);
+    let d = driver(url(redis.url()), "calm", &[]);
     for _ in 0..5 {
         let lease = d.acquire("k", None, CancellationToken::new()).await.unwrap();
         d.release(&lease).await.unwrap();
@@ -68,7 +36,7 @@ async fn uncontended_locks_never_subscribe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "wake", &SLOW_POLLS);
+    let d = driver(url(redis.url()), "wake", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({
         let d = d.clone();
@@ -93,7 +61,7 @@ async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_published_by_another_driver_wakes_our_waiter() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "foreign", &SLOW_POLLS);
+    let d = driver(url(redis.url()), "foreign", &SLOW_POLLS);
     let lock_key = format!("foreign:lock:{{{}}}", hash("k"));
     redis.command(&["SET", &lock_key, "a-typescript-driver-token", "PX", "60000"]);
     let waiter = tokio::spawn({
@@ -112,7 +80,7 @@ async fn a_release_published_by_another_driver_wakes_our_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_on_one_key_cost_one_redis_attempt_at_a_time_and_are_served_in_order() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "line", &[("pollIntervalMs", 50.0), ("notifyPollIntervalMs", 50.0)]);
+    let d = driver(url(redis.url()), "line", &[("pollIntervalMs", 50.0), ("notifyPollIntervalMs", 50.0)]);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let mut waiters = Vec::new();
     for i in 0..8 {
@@ -144,8 +112,8 @@ async fn a_refused_subscription_falls_back_to_polling_for_good() {
     let redis = RedisServer::start();
     // A user that may run the lock scripts but not subscribe to any channel.
     redis.command(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "resetchannels", "+@all", "-subscribe"]);
-    let url = redis.url().replace("redis://", "redis://locker:pw@");
-    let d = driver(&url, "acl", &[("pollIntervalMs", 20.0)]);
+    let acl_url = redis.url().replace("redis://", "redis://locker:pw@");
+    let d = driver(url(&acl_url), "acl", &[("pollIntervalMs", 20.0)]);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({
         let d = d.clone();
@@ -161,7 +129,7 @@ async fn a_refused_subscription_falls_back_to_polling_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "killed", &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)]);
+    let d = driver(url(redis.url()), "killed", &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)]);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({
         let d = d.clone();
@@ -200,7 +168,7 @@ async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_waiter_does_not_ask_redis_while_its_predecessor_holds_the_key() {
     let redis = RedisServer::start();
-    let d = driver(redis.url(), "handoff", &SLOW_POLLS);
+    let d = driver(url(redis.url()), "handoff", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let second = tokio::spawn({
         let d = d.clone();

@@ -1,11 +1,12 @@
 //! `rediss://` with a private CA, against a redis-server started with `--tls-port`.
 
+mod common;
 mod support;
 
 use std::path::Path;
 use std::process::Command;
 
-use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::options::Raw;
 use dokebi_lock_redis::{Driver, LockErrorCode};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -22,17 +23,12 @@ fn make_certificates(dir: &Path) {
     run(&["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext"]);
 }
 
-fn driver(url: &str, ca: Option<String>) -> Result<Driver, dokebi_lock_redis::LockError> {
-    let mut conn = vec![("url".to_owned(), Raw::String(url.into())), ("connectTimeoutMs".to_owned(), Raw::Number(1000.0))];
+fn driver(url: &str, ca: Option<String>) -> Driver {
+    let mut fields = vec![("connectTimeoutMs", Raw::Number(1000.0))];
     if let Some(ca) = ca {
-        conn.push(("tls".to_owned(), Raw::Object(vec![("ca".to_owned(), Raw::String(ca))])));
+        fields.push(("tls", Raw::Object(vec![("ca".to_owned(), Raw::String(ca))])));
     }
-    let backend = options::parse_backend(&Raw::Object(vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String("tls".into())),
-    ]))?;
-    Driver::new(&options::parse_connection(&Raw::Object(conn))?, backend)
+    common::driver(common::connection(url, &fields), "tls", &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,14 +48,14 @@ async fn a_private_ca_lets_the_driver_lock_over_tls_and_a_stranger_cert_is_refus
     let url = format!("rediss://127.0.0.1:{tls_port}");
     let ca = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
 
-    let d = driver(&url, Some(ca)).unwrap();
+    let d = driver(&url, Some(ca));
     let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     assert!(lease.valid());
     assert!(d.release(&lease).await.unwrap());
     d.shutdown().await.unwrap();
 
     // Without the private CA the server's certificate is not trusted: the connect fails, nothing is sent.
-    let stranger = driver(&url, None).unwrap();
+    let stranger = driver(&url, None);
     let err = stranger.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed);
     assert!(!err.message.contains("127.0.0.1") && !err.message.contains(&tls_port), "{}", err.message);

@@ -1,0 +1,66 @@
+//! What the driver's integration tests share: building a driver and reading Redis replies.
+#![allow(dead_code)] // each test binary uses a different part of this
+
+use std::time::{Duration, Instant};
+
+use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::Driver;
+
+use crate::support::RedisServer;
+
+/// A driver for `connection` (a URL string or an object, as JS would pass it) with the
+/// namespace and extra integer options given.
+pub fn driver(connection: Raw, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    let mut fields = vec![
+        ("driver".to_owned(), Raw::String("redis".into())),
+        ("connection".to_owned(), Raw::String("main".into())),
+        ("namespace".to_owned(), Raw::String(namespace.into())),
+    ];
+    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
+    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
+    Driver::new(&options::parse_connection(&connection).unwrap(), backend).unwrap()
+}
+
+pub fn url(url: &str) -> Raw {
+    Raw::String(url.to_owned())
+}
+
+/// A connection object: `{ url, …fields }`.
+pub fn connection(url: &str, fields: &[(&str, Raw)]) -> Raw {
+    let mut all = vec![("url".to_owned(), Raw::String(url.into()))];
+    all.extend(fields.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    Raw::Object(all)
+}
+
+/// The lowercase SHA-256 hex of a key, as in `<namespace>:lock:{<hex>}`.
+pub fn hash(key: &str) -> String {
+    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
+}
+
+/// The bulk-string payload of a raw RESP reply, or the integer of an integer reply.
+pub fn value(reply: &str) -> String {
+    let mut lines = reply.split("\r\n");
+    let first = lines.next().unwrap_or_default();
+    match first.as_bytes().first() {
+        Some(b'$') => lines.next().unwrap_or_default().to_owned(),
+        _ => first[1..].to_owned(),
+    }
+}
+
+/// `calls=` of a command in `INFO commandstats`.
+pub fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.command(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let end = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < end, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
