@@ -293,7 +293,13 @@ pub struct NativeDriver {
 }
 
 #[napi]
-pub fn create_driver(env: Env, connection: Unknown, options: Unknown, log: Option<LogFn>) -> Result<Either<NativeDriver, NativeError>> {
+pub fn create_driver(
+    env: Env,
+    connection: Unknown,
+    options: Unknown,
+    log: Option<LogFn>,
+    in_worker_thread: bool,
+) -> Result<Either<NativeDriver, NativeError>> {
     let (connection, options) = (to_raw(&connection, 0)?, to_raw(&options, 0)?);
     let created = options::parse_connection(&connection).and_then(|conn| {
         let opts = options::parse_backend(&options)?;
@@ -312,15 +318,18 @@ pub fn create_driver(env: Env, connection: Unknown, options: Unknown, log: Optio
     }
     // The runtime is shared by every thread of the process: when a worker thread's
     // environment goes away, its drivers must stop waiting and give their leases back
-    // rather than go on locking for a thread that no longer exists.
-    let weak = driver.downgrade();
-    env.add_env_cleanup_hook((), move |()| {
-        if let (Some(driver), Some(runtime)) = (weak.upgrade(), RUNTIME.get()) {
-            runtime.spawn(async move {
-                let _ = driver.shutdown().await;
-            });
-        }
-    })?;
+    // rather than go on locking for a thread that no longer exists. (When the process
+    // itself exits, the leases it did not release are left to their TTL, as always.)
+    if in_worker_thread {
+        let weak = driver.downgrade();
+        env.add_env_cleanup_hook((), move |()| {
+            if let (Some(driver), Some(runtime)) = (weak.upgrade(), RUNTIME.get()) {
+                runtime.spawn(async move {
+                    let _ = driver.shutdown().await;
+                });
+            }
+        })?;
+    }
     Ok(Either::A(NativeDriver { driver }))
 }
 

@@ -13,9 +13,9 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Value};
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-use crate::error::RedisFailure;
+use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 use crate::events;
 use crate::options::{ConnectionOptions, TlsOptions};
 use crate::scripts::LuaScript;
@@ -25,6 +25,15 @@ use crate::scripts::LuaScript;
 pub struct Conn {
     inner: Handle,
     generation: u64,
+    /// Set by redis-rs (a RESP3 push) when the connection closed, so no command is handed
+    /// to a dead connection: that one would fail as "outcome unknown" (decision 0013).
+    closed: Arc<AtomicBool>,
+}
+
+impl Conn {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Clone)]
@@ -53,8 +62,13 @@ enum State {
 }
 
 pub struct RedisLink {
-    /// The node the URL names: commands in single mode, the subscription in both modes.
+    /// The node the URL names: the subscription in both modes, commands against a server
+    /// without RESP3.
     client: Client,
+    /// The same, speaking RESP3 so that a closed connection is announced (decision 0013).
+    resp3: Client,
+    /// The server refused HELLO 3 (Redis < 6): commands use `client`.
+    resp2_only: AtomicBool,
     cluster: Option<ClusterClient>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
@@ -87,9 +101,11 @@ impl RedisLink {
         if options.url.to_ascii_lowercase().starts_with("rediss://") {
             install_crypto_provider();
         }
-        let client = match &options.tls {
-            None => Client::open(options.url.as_str())?,
-            Some(tls) => Client::build_with_tls(options.url.as_str(), certificates(tls))?,
+        let info = options.url.as_str().into_connection_info()?;
+        let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        let (client, resp3) = match &options.tls {
+            None => (Client::open(info)?, Client::open(info_resp3)?),
+            Some(tls) => (Client::build_with_tls(info, certificates(tls))?, Client::build_with_tls(info_resp3, certificates(tls))?),
         };
         let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
         let cluster = if options.cluster {
@@ -108,6 +124,8 @@ impl RedisLink {
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
         Ok(Self {
             client,
+            resp3,
+            resp2_only: AtomicBool::new(false),
             cluster,
             config,
             connect_timeout,
@@ -129,7 +147,13 @@ impl RedisLink {
         let (generation, attempt) = {
             let mut state = self.state();
             match &*state {
-                State::Connected(conn) => return Ok(conn.clone()),
+                State::Connected(conn) if !conn.is_closed() => return Ok(conn.clone()),
+                State::Connected(_) => {
+                    let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                    let attempt = self.clone().open(generation).boxed().shared();
+                    *state = State::Connecting(generation, attempt.clone());
+                    (generation, attempt)
+                }
                 State::Connecting(generation, attempt) => (*generation, attempt.clone()),
                 State::Idle => {
                     let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -151,10 +175,11 @@ impl RedisLink {
     }
 
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
+        let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
             Ok(match &self.cluster {
                 Some(cluster) => Handle::Cluster(cluster.get_async_connection().await?),
-                None => Handle::Single(self.client.get_multiplexed_async_connection_with_config(&self.config).await?),
+                None => Handle::Single(self.open_single(&closed).await?),
             })
         };
         let inner = match tokio::time::timeout(self.connect_timeout, connect).await {
@@ -165,13 +190,40 @@ impl RedisLink {
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
             tokio::spawn(check_eviction_policy(self.clone(), inner.clone()));
         }
-        Ok(Conn { inner, generation })
+        Ok(Conn { inner, generation, closed })
+    }
+
+    /// A RESP3 connection that announces its own end, or RESP2 where the server has no HELLO.
+    async fn open_single(&self, closed: &Arc<AtomicBool>) -> redis::RedisResult<MultiplexedConnection> {
+        if !self.resp2_only.load(Ordering::Acquire) {
+            let flag = closed.clone();
+            let config = self.config.clone().set_push_sender(move |push: redis::PushInfo| {
+                if push.kind == redis::PushKind::Disconnection {
+                    flag.store(true, Ordering::Release);
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
+            match self.resp3.get_multiplexed_async_connection_with_config(&config).await {
+                // An old server answers HELLO with "unknown command" (ERR) or NOPROTO.
+                Err(err) if matches!(err.code(), Some("ERR" | "NOPROTO")) => self.resp2_only.store(true, Ordering::Release),
+                other => return other,
+            }
+        }
+        self.client.get_multiplexed_async_connection_with_config(&self.config).await
     }
 
     /// Drops `conn` if it is still the shared one, so the next command reconnects.
     pub fn forget(&self, conn: &Conn) {
         let mut state = self.state();
         if matches!(&*state, State::Connected(c) if c.generation == conn.generation) {
+            *state = State::Idle;
+        }
+    }
+
+    /// Drops the shared connection, whichever it is: the next command opens a new one.
+    pub fn forget_current(&self) {
+        let mut state = self.state();
+        if matches!(&*state, State::Connected(_)) {
             *state = State::Idle;
         }
     }
@@ -196,6 +248,11 @@ impl RedisLink {
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
+        if conn.is_closed() {
+            // Known dead before anything was handed to it: nothing was sent.
+            self.forget(conn);
+            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the connection to Redis had closed"));
+        }
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
         // A MOVED reply means the node did not run it, so sending it again is no retry of

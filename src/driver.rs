@@ -345,12 +345,12 @@ impl Driver {
             let submitted = Instant::now();
             let eval = link.eval(&conn, &call);
             tokio::pin!(eval);
-            let (reply, mut waiter) = tokio::select! {
-                reply = &mut eval => (reply, Some(tx)),
+            let reply = tokio::select! {
+                reply = &mut eval => reply,
                 _ = tokio::time::sleep(link.command_timeout) => {
                     link.forget(&conn);
                     let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
-                    (eval.await, None)
+                    return this.chase_late_reply(eval, &keys, &token, submitted).await;
                 }
             };
             let attempt = match reply {
@@ -367,15 +367,56 @@ impl Driver {
             // once Redis answers, so it does not block the key for a whole lease.
             let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
             let expiry = submitted + Duration::from_millis(lease_ms.into());
-            let unclaimed = match waiter.take() {
-                Some(tx) => tx.send(attempt).err(),
-                None => Some(attempt),
-            };
+            let unclaimed = tx.send(attempt).err();
             if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
                 this.spawn_cleanup(keys, token, expiry);
             }
         });
         rx
+    }
+
+    /// After an acquire timed out: its reply may still come on the stalled connection, or
+    /// never (a reply dropped on the way). Until the lease has surely expired, release the
+    /// token on a fresh connection now and then, and release again if a late reply says the
+    /// acquire won. A release that deleted our token ends it: the acquire ran already.
+    async fn chase_late_reply(
+        &self,
+        eval: std::pin::Pin<&mut impl Future<Output = Result<redis::Value, RedisFailure>>>,
+        keys: &Arc<KeyNames>,
+        token: &str,
+        submitted: Instant,
+    ) {
+        let mut eval = eval;
+        let options = &self.inner.options;
+        let give_up = submitted + Duration::from_millis(options.lease_ms.into()) + self.inner.link.command_timeout;
+        let mut pause = Duration::from_millis(options.poll_interval_ms.into());
+        loop {
+            tokio::select! {
+                reply = &mut eval => {
+                    let won = reply.ok().and_then(|v| scripts::parse_acquire(&v)).is_some_and(|r| matches!(r, AcquireReply::Acquired(_)));
+                    if won {
+                        if let Err(err) = self.clean_up(keys, token, give_up).await {
+                            self.note_cleanup_failure(err);
+                        }
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(pause) => {}
+            }
+            if Instant::now() >= give_up {
+                return;
+            }
+            if let Ok(true) = self.release_token(keys, token).await {
+                return;
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    fn note_cleanup_failure(&self, err: LockError) {
+        if self.inner.stopping.is_cancelled() {
+            self.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
+        }
     }
 
     /// Releases `token` in the background (decision 0005). A failure left when it gives up
@@ -384,9 +425,7 @@ impl Driver {
         let this = self.clone();
         self.inner.tasks.spawn(async move {
             if let Err(err) = this.clean_up(&keys, &token, expiry).await {
-                if this.inner.stopping.is_cancelled() {
-                    this.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
-                }
+                this.note_cleanup_failure(err);
             }
         });
     }

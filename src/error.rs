@@ -134,7 +134,8 @@ impl RedisFailure {
         Self { code, outcome, server_code: None, message: message.into() }
     }
 
-    /// A connect that failed (refused, timed out, handshake refused): nothing was sent.
+    /// A connect that failed (refused, timed out, handshake refused): nothing of ours was
+    /// sent. A refusing server's code (WRONGPASS, NOAUTH…) is kept in `server_code`.
     pub fn connect(err: &redis::RedisError) -> Self {
         let server_code = server_code_of(err);
         let message = match &server_code {
@@ -320,6 +321,7 @@ mod tests {
         assert_eq!((f.code, f.outcome), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted));
         assert!(f.retryable() && f.rides_out_waiting());
         let wrongpass = RedisFailure::connect(&server_error("WRONGPASS invalid username-password pair"));
+        assert_eq!((wrongpass.code, wrongpass.outcome), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted));
         assert!(!wrongpass.retryable() && !wrongpass.rides_out_waiting());
         assert_eq!(LockError::from_redis(wrongpass).code, LockErrorCode::ProviderFailed);
     }

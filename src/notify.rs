@@ -113,7 +113,7 @@ impl Notifier {
         };
         let mut messages = match subscribed {
             Ok(messages) => messages,
-            Err(failure) => return self.failed(failure, &lines),
+            Err(failure) => return self.failed(failure, &link, &lines),
         };
         *self.lock() = SubscriptionState::Live;
         self.subscriptions.fetch_add(1, Ordering::Relaxed);
@@ -136,7 +136,7 @@ impl Notifier {
                         crate::error::RedisErrorCode::ConnectionLost,
                         crate::error::Outcome::Unknown,
                         "the release-notification connection was closed",
-                    ), &lines),
+                    ), &link, &lines),
                 },
                 _ = lines.changed(), if idle_until.is_none() => {}
                 _ = sleep_until_opt(idle_until) => {
@@ -150,8 +150,13 @@ impl Notifier {
         *self.lock() = SubscriptionState::Off;
     }
 
-    fn failed(&self, failure: RedisFailure, lines: &Lines) {
+    fn failed(&self, failure: RedisFailure, link: &RedisLink, lines: &Lines) {
         let refused = failure.server_code.is_some();
+        if !refused {
+            // Whatever closed this connection (a restart, a network cut) likely closed the
+            // command connection too; the waiters woken below must not race its death.
+            link.forget_current();
+        }
         let mut state = self.lock();
         // Waiters asleep for notifyPollIntervalMs must move to the faster pollIntervalMs.
         lines.wake_all();

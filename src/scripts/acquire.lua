@@ -3,25 +3,23 @@
 -- Reply: the new fence as a decimal string, or the holder's PTTL (integer ms) when held.
 if redis.replicate_commands then pcall(redis.replicate_commands) end -- Redis < 5: TIME before writes
 
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('PTTL', KEYS[1])
 end
 
-local ok, err = pcall(function()
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    -- A missing counter (first use, or Redis lost data) starts at TIME ms x 1000, so new
-    -- fences stay above any handed out before. Built as a string: Lua numbers are doubles
-    -- and tostring prints them with %.14g.
-    local t = redis.call('TIME')
-    local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-    redis.call('SET', KEYS[2], ms .. '000')
-  end
-  redis.call('INCR', KEYS[2])
-end)
-if not ok then
-  -- Never leave a lease without a fence: undo our SET before answering with the error.
-  redis.call('DEL', KEYS[1])
-  return redis.error_reply(type(err) == 'table' and err.err or tostring(err))
+-- The fence first, the lease last (decision 0012): a refused write (OOM, READONLY, an ACL)
+-- then fails before anything is written, and the only write that can precede an error is
+-- a fence bump, which is harmless. The script is atomic, so no other acquire can slip in
+-- between the check above and the SET below.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  -- A missing counter (first use, or Redis lost data) starts at TIME ms x 1000, so new
+  -- fences stay above any handed out before. Built as a string: Lua numbers are doubles
+  -- and tostring prints them with %.14g.
+  local t = redis.call('TIME')
+  local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+  redis.call('SET', KEYS[2], ms .. '000')
 end
+redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 -- GET, not INCR's reply: INCR's integer would pass through a Lua double.
 return redis.call('GET', KEYS[2])

@@ -1,0 +1,171 @@
+// Proves the fault proxy (helpers/proxy.mjs) itself, so a failing fault test can be trusted
+// to be about the driver and not about the proxy.
+
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { after, before, test } from 'node:test';
+import { startProxy } from '../helpers/proxy.mjs';
+import { external, startRedis } from '../helpers/redis.mjs';
+import { rawClient } from './support.mjs';
+
+const skip = external && 'needs throwaway redis-servers (REDIS_URL is set)';
+
+let redis;
+before(async () => { if (!external) redis = await startRedis(); });
+after(() => redis?.stop());
+
+async function proxyFor(t, port = redis.port) {
+  const proxy = await startProxy(port);
+  t.after(() => proxy.close());
+  return proxy;
+}
+
+/** A raw socket through the proxy that collects every byte it receives. */
+function socketTo(port) {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host: '127.0.0.1', port });
+    const got = { bytes: Buffer.alloc(0), closed: false, error: undefined };
+    socket.on('data', (c) => { got.bytes = Buffer.concat([got.bytes, c]); });
+    const closed = new Promise((res) => socket.on('close', () => { got.closed = true; res(); }));
+    socket.on('error', (err) => { got.error = err; });
+    socket.on('connect', () => resolve({ socket, got, closed }));
+    socket.once('error', reject);
+  });
+}
+
+test('forwards both ways, logs the commands and counts connections and bytes', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const c = await rawClient(proxy.port);
+  t.after(() => c.close());
+  assert.equal(await c.call('SET', 'proxied', 'välue'), 'OK');
+  assert.equal(await c.call('GET', 'proxied'), 'välue');
+  assert.equal(await redis.command('GET', 'proxied'), 'välue', 'the write reached the real server');
+  assert.deepEqual(proxy.commands.map((e) => e.name), ['SET', 'GET']);
+  assert.deepEqual(proxy.commands[0].args, ['SET', 'proxied', 'välue']);
+  assert.equal(proxy.count('GET'), 1);
+  const s = proxy.stats();
+  assert.equal(s.accepted, 1);
+  assert.equal(s.active, 1);
+  assert.ok(s.bytesUp > 20 && s.bytesDown > 10, JSON.stringify(s));
+});
+
+test('refuse() resets new connections at once; accept() lets them in again; open ones stay', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const open = await rawClient(proxy.port);
+  t.after(() => open.close());
+  proxy.refuse();
+  // Reset as soon as it is accepted: the client sees ECONNRESET (during or right after connect).
+  const outcome = await new Promise((resolve) => {
+    const s = net.connect({ host: '127.0.0.1', port: proxy.port });
+    let bytes = 0;
+    s.on('data', (c) => { bytes += c.length; });
+    s.on('error', () => {});
+    s.on('close', () => resolve(bytes));
+  });
+  assert.equal(outcome, 0, 'nothing was served');
+  assert.equal(proxy.stats().refused, 1);
+  assert.equal(await open.call('PING'), 'PONG', 'a connection opened before refuse() still works');
+  proxy.accept();
+  const c = await rawClient(proxy.port);
+  t.after(() => c.close());
+  assert.equal(await c.call('PING'), 'PONG');
+});
+
+test('stallAfterWrite() lets the command run but holds its reply until release()', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const c = await rawClient(proxy.port);
+  t.after(() => c.close());
+  await c.call('PING');
+  proxy.stallAfterWrite();
+  let replied = false;
+  const reply = c.call('INCR', 'stalled-counter').then((v) => { replied = true; return v; });
+  await proxy.nextCommand('INCR');
+  // The server ran it (ask it directly) while the client still has no reply.
+  for (let i = 0; i < 100 && (await redis.command('GET', 'stalled-counter')) !== '1'; i++);
+  assert.equal(await redis.command('GET', 'stalled-counter'), '1');
+  assert.equal(replied, false);
+  assert.ok(proxy.stats().held > 0);
+  proxy.release();
+  assert.equal(await reply, 1);
+});
+
+test('stallAfterWrite({ drop: true }) discards replies; after release() new replies flow', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const c = await rawClient(proxy.port);
+  t.after(() => c.close());
+  proxy.stallAfterWrite({ drop: true });
+  const lost = c.call('INCR', 'dropped-counter');
+  lost.catch(() => {});
+  await proxy.nextCommand('INCR');
+  for (let i = 0; i < 100 && (await redis.command('GET', 'dropped-counter')) !== '1'; i++);
+  assert.equal(await redis.command('GET', 'dropped-counter'), '1');
+  proxy.release();
+  assert.ok(proxy.stats().droppedBytes > 0);
+  const fresh = await rawClient(proxy.port);
+  t.after(() => fresh.close());
+  assert.equal(await fresh.call('PING'), 'PONG');
+});
+
+test('cutMidReply() forwards part of the next reply and closes the connection', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  await redis.command('SET', 'long-value', 'x'.repeat(100));
+  const { socket, got, closed } = await socketTo(proxy.port);
+  const cut = proxy.cutMidReply({ after: 'GET', bytes: 7 });
+  socket.write('*2\r\n$3\r\nGET\r\n$10\r\nlong-value\r\n');
+  const info = await cut;
+  await closed;
+  assert.equal(info.forwarded, 7);
+  assert.ok(info.of > 100);
+  assert.equal(got.bytes.toString(), '$100\r\nx', 'only the first 7 bytes arrived');
+  assert.equal(proxy.stats().cuts, 1);
+  assert.equal(proxy.stats().active, 0);
+});
+
+test('cutMidReply({ after }) spares other commands and other connections', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const a = await rawClient(proxy.port);
+  const b = await rawClient(proxy.port);
+  t.after(() => { a.close(); b.close(); });
+  const cut = proxy.cutMidReply({ after: 'ECHO' });
+  assert.equal(await a.call('PING'), 'PONG');
+  assert.equal(await b.call('PING'), 'PONG');
+  await assert.rejects(b.call('ECHO', 'abcdefgh'), /closed/);
+  await cut;
+  assert.equal(await a.call('PING'), 'PONG', 'the other connection is untouched');
+});
+
+test('latency(ms) delays each direction and keeps the order', { skip }, async (t) => {
+  const proxy = await proxyFor(t);
+  const c = await rawClient(proxy.port);
+  t.after(() => c.close());
+  await c.call('PING');
+  proxy.latency(60);
+  const started = performance.now();
+  const replies = await Promise.all([c.call('SET', 'lat', '1'), c.call('INCR', 'lat'), c.call('GET', 'lat')]);
+  const took = performance.now() - started;
+  assert.deepEqual(replies, ['OK', 2, '2']);
+  assert.ok(took >= 115, `a round trip took ${took.toFixed(0)} ms with 60 ms each way`);
+  proxy.latency(0);
+  const quick = performance.now();
+  await c.call('PING');
+  assert.ok(performance.now() - quick < 60);
+});
+
+test('killAll() closes every open connection; retarget() sends new ones to another server', { skip }, async (t) => {
+  const other = await startRedis();
+  t.after(() => other.stop());
+  await other.command('SET', 'where', 'other');
+  await redis.command('SET', 'where', 'first');
+  const proxy = await proxyFor(t);
+  const a = await rawClient(proxy.port);
+  assert.equal(await a.call('GET', 'where'), 'first');
+  proxy.retarget(other.port);
+  assert.equal(await a.call('GET', 'where'), 'first', 'an open connection stays on its server');
+  const closed = new Promise((resolve) => a.socket.on('close', resolve));
+  proxy.killAll();
+  await closed;
+  assert.equal(proxy.stats().active, 0);
+  const b = await rawClient(proxy.port);
+  t.after(() => b.close());
+  assert.equal(await b.call('GET', 'where'), 'other');
+});
