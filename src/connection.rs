@@ -204,8 +204,9 @@ impl RedisLink {
                 Ok::<(), std::convert::Infallible>(())
             });
             match self.resp3.get_multiplexed_async_connection_with_config(&config).await {
-                // An old server answers HELLO with "unknown command" (ERR) or NOPROTO.
-                Err(err) if matches!(err.code(), Some("ERR" | "NOPROTO")) => self.resp2_only.store(true, Ordering::Release),
+                // An old server answers HELLO with NOPROTO or "ERR unknown command"; other
+                // ERRs (maxclients) say nothing about the protocol.
+                Err(err) if is_no_resp3(&err) => self.resp2_only.store(true, Ordering::Release),
                 other => return other,
             }
         }
@@ -286,6 +287,14 @@ impl RedisLink {
                 Err(RedisFailure::command_timeout())
             }
         }
+    }
+}
+
+fn is_no_resp3(err: &redis::RedisError) -> bool {
+    match err.code() {
+        Some("NOPROTO") => true,
+        Some("ERR") => err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        _ => false,
     }
 }
 
