@@ -22,6 +22,7 @@ function loadBinding() {
 }
 
 const native = loadBinding()
+const { isMainThread } = require('node:worker_threads')
 
 const LockErrorCode = Object.freeze(Object.fromEntries(native.errorCodes().map((code) => [code, code])))
 
@@ -117,7 +118,7 @@ function createRedisLockDriver(connection, options, logger) {
   if (logger != null && typeof logger !== 'object' && typeof logger !== 'function') {
     throw invalidOptions('logger must be an object with debug/info/warn/error methods')
   }
-  const created = native.createDriver(connection, options, logAdapter(logger))
+  const created = native.createDriver(connection, options, logAdapter(logger), !isMainThread)
   if (!(created instanceof native.NativeDriver)) throw toLockError(created)
   const backend = created
 
