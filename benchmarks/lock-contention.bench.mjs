@@ -1,0 +1,674 @@
+// Contention benchmark of @dokebi/lock-redis against redlock and redis-semaphore.
+//
+//   node benchmarks/lock-contention.bench.mjs [--seconds N] [--reps N] [--only a,b] [--hold atomics|timer] [--out DIR]
+//     [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]
+// --resume goes on from benchmarks/results/lock-contention.partial.json (written after every
+// accepted run, removed at the end) when it was made with the same settings and addon.
+// The machine may be shared: before each run it waits (up to --quiet-wait s) until other
+// processes use under half of --max-other-cpu of it, and a run during which they used more
+// than --max-other-cpu is discarded (recorded under `discardedRuns`) and repeated.
+//
+// For each configuration: 4 processes × 8 concurrent waiters contend for ONE key on ONE
+// throwaway redis-server (never the machine's Redis); each waiter loops acquire → hold 2 ms
+// → release for --seconds of wall time after a start barrier. Repeated --reps times
+// (configurations interleaved within each repetition), medians per metric. Writes
+// benchmarks/results/<date>-lock-contention-before.json (dokebi-before),
+// -after.json (dokebi-after plus every peer under `peers`) and -lock-contention.md, prints
+// the table and PASS/FAIL per target of the issue. See the worker for the hold and the
+// clock. Needs a release build (npm run build) and the dev dependencies.
+
+import { execFileSync, fork } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..');
+const now = () => performance.timeOrigin + performance.now();
+
+// ------------------------------------------------------------------ options ----
+
+function parseArgs(argv) {
+  const opts = { seconds: 10, reps: 3, only: null, hold: 'atomics', out: null, maxOtherCpu: 0.15, retries: 5, quietWaitMs: 180_000 };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined) throw new Error(`${a} needs a value`);
+      return v;
+    };
+    if (a === '--seconds') opts.seconds = Number(value());
+    else if (a === '--reps') opts.reps = Number(value());
+    else if (a === '--only') opts.only = value().split(',').map((s) => s.trim()).filter(Boolean);
+    else if (a === '--hold') opts.hold = value();
+    else if (a === '--out') opts.out = path.resolve(value());
+    else if (a === '--max-other-cpu') opts.maxOtherCpu = Number(value());
+    else if (a === '--retries') opts.retries = Number(value());
+    else if (a === '--quiet-wait') opts.quietWaitMs = Number(value()) * 1000;
+    else if (a === '--resume') opts.resume = true;
+    else if (a === '--help' || a === '-h') {
+      console.log('node benchmarks/lock-contention.bench.mjs [--seconds N=10] [--reps N=3] [--only name,name] [--hold atomics|timer] [--out DIR=benchmarks/results] [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]');
+      process.exit(0);
+    } else throw new Error(`unknown argument ${a}`);
+  }
+  if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
+  if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
+  if (!['atomics', 'timer'].includes(opts.hold)) throw new Error('--hold must be atomics or timer');
+  return opts;
+}
+
+const PROCESSES = 4;
+const WAITERS = 8;
+const HOLD_MS = 2;
+const LEASE_MS = 10_000;
+const WAIT_MS = 30_000;
+
+// `inner`: commands the library only ever runs inside its Lua scripts. Redis 7.0 counts
+// those in total_commands_processed and INFO commandstats like any other command, so
+// "client commands" (requests sent over the wire: round trips) = every command but these
+// (and the benchmark's own INFO/CONFIG/PUBSUB).
+const DOKEBI_INNER = ['set', 'pttl', 'exists', 'time', 'incr', 'get', 'del', 'publish', 'pexpire'];
+const CONFIGS = [
+  { name: 'dokebi-after', library: 'dokebi', env: {}, inner: DOKEBI_INNER,
+    note: 'this driver, release notifications on (defaults: notifyPollIntervalMs 250)' },
+  { name: 'dokebi-before', library: 'dokebi', env: { DOKEBI_LOCK_REDIS_NOTIFICATIONS: '0' }, inner: DOKEBI_INNER,
+    note: 'this driver, DOKEBI_LOCK_REDIS_NOTIFICATIONS=0: polling only (pollIntervalMs 25)' },
+  { name: 'redlock-default', library: 'redlock', peer: {}, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
+    note: 'redlock, retryDelay 200, retryJitter 100 (defaults), retryCount 150' },
+  { name: 'redlock-retry10', library: 'redlock', peer: { retryDelay: 10, retryJitter: 5 }, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
+    note: 'redlock, retryDelay 10, retryJitter 5 (the default 2:1 delay:jitter ratio; jitter 100 would make half the retries immediate), retryCount 3000' },
+  { name: 'semaphore-default', library: 'semaphore', peer: {}, inner: ['get', 'del', 'pexpire'],
+    note: 'redis-semaphore Mutex, retryInterval 10 (default), acquireTimeout 30000' },
+  { name: 'semaphore-retry1', library: 'semaphore', peer: { retryInterval: 1 }, inner: ['get', 'del', 'pexpire'],
+    note: 'redis-semaphore Mutex, retryInterval 1, acquireTimeout 30000' },
+];
+const ADMIN = (cmd) => cmd === 'info' || cmd.startsWith('config') || cmd.startsWith('pubsub');
+
+// ------------------------------------------------------------------ helpers ----
+
+function parseInfo(text) {
+  const fields = {};
+  const commands = {};
+  for (const line of text.split('\r\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.indexOf(':');
+    const k = line.slice(0, i);
+    const v = line.slice(i + 1);
+    if (k.startsWith('cmdstat_')) {
+      commands[k.slice(8)] = Number(/calls=(\d+)/.exec(v)[1]);
+    } else fields[k] = v;
+  }
+  return { fields, commands };
+}
+
+function percentile(sorted, p) {
+  if (sorted.length === 0) return null;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[i];
+}
+
+function median(values) {
+  const v = values.filter((x) => x !== null && x !== undefined && !Number.isNaN(x)).sort((a, b) => a - b);
+  if (v.length === 0) return null;
+  const m = Math.floor(v.length / 2);
+  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+const round = (x, d = 3) => (x === null || x === undefined ? x : Number.isFinite(x) ? Number(x.toFixed(d)) : x);
+const sortNum = (a) => a.sort((x, y) => x - y);
+
+function pkgVersion(name) {
+  try {
+    return JSON.parse(readFileSync(path.join(root, 'node_modules', name, 'package.json'), 'utf8')).version;
+  } catch {
+    return null;
+  }
+}
+
+// Section names of an ELF64 little-endian file (enough to tell a debug build: .debug_info).
+function elfSections(buf) {
+  if (buf.readUInt32BE(0) !== 0x7f454c46 || buf[4] !== 2 || buf[5] !== 1) return [];
+  const shoff = Number(buf.readBigUInt64LE(0x28));
+  const shentsize = buf.readUInt16LE(0x3a);
+  const shnum = buf.readUInt16LE(0x3c);
+  const shstrndx = buf.readUInt16LE(0x3e);
+  const header = (i) => shoff + i * shentsize;
+  const strOff = Number(buf.readBigUInt64LE(header(shstrndx) + 0x18));
+  const names = [];
+  for (let i = 0; i < shnum; i++) {
+    const nameOff = strOff + buf.readUInt32LE(header(i));
+    names.push(buf.toString('latin1', nameOff, buf.indexOf(0, nameOff)));
+  }
+  return names;
+}
+
+// The addon this run measures (the repo is shared: it may be rebuilt under us).
+function addonInfo() {
+  const file = path.join(root, 'lock-redis.linux-x64-gnu.node');
+  try {
+    const buf = readFileSync(file);
+    return {
+      file: path.basename(file), bytes: buf.length, mtime: statSync(file).mtime.toISOString(),
+      sha256: createHash('sha256').update(buf).digest('hex').slice(0, 16),
+      build: elfSections(buf).includes('.debug_info') ? 'debug' : 'release',
+    };
+  } catch (err) {
+    return { file: path.basename(file), error: String(err.message) };
+  }
+}
+
+function gitInfo() {
+  const git = (...a) => { try { return execFileSync('git', a, { cwd: root, encoding: 'utf8' }).trim(); } catch { return null; } };
+  return { head: git('rev-parse', 'HEAD'), dirty: git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock', 'index.js', 'binding.js')?.split('\n').filter(Boolean) ?? null };
+}
+
+// ---------------------------------------------------------------- one run ----
+
+// CPU seconds, to show how much of the machine something else used during a run (the
+// machine is shared): busy jiffies of the whole machine and of our own processes.
+const TICK = 100; // USER_HZ
+function machineBusy() {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  const [user, nice, system, idle, iowait, irq, softirq, steal] = f;
+  return { busy: (user + nice + system + irq + softirq) / TICK, steal: (steal ?? 0) / TICK };
+}
+// Waits until the machine is quiet: 3 consecutive 1 s windows in which processes other
+// than ours used less than `share` of it. Gives up after `maxMs` (the run is then judged
+// by its own CPU accounting).
+async function waitForQuiet(ours, share, maxMs) {
+  const until = Date.now() + maxMs;
+  let quiet = 0;
+  while (quiet < 3 && Date.now() < until) {
+    const m0 = machineBusy().busy, o0 = processBusy(ours);
+    await sleep(1000);
+    const other = (machineBusy().busy - m0 - (processBusy(ours) - o0)) / os.cpus().length;
+    quiet = other < share ? quiet + 1 : 0;
+  }
+  return quiet >= 3;
+}
+
+function processBusy(pids) {
+  let s = 0;
+  for (const pid of pids) {
+    try {
+      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+      s += (Number(f[11]) + Number(f[12])) / TICK; // utime, stime
+    } catch { /* gone */ }
+  }
+  return s;
+}
+
+const children = new Set();
+function killChildren() {
+  for (const c of children) {
+    try { c.kill('SIGKILL'); } catch { /* gone */ }
+  }
+}
+process.on('exit', killChildren);
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { killChildren(); process.exit(130); });
+
+function nextMessage(child, type, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
+    const onMessage = (m) => {
+      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); }
+      else if (m?.type === type) { cleanup(); resolve(m); }
+    };
+    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
+    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
+    child.on('message', onMessage);
+    child.on('exit', onExit);
+  });
+}
+
+async function runOne(server, cfg, rep, opts) {
+  await server.command('FLUSHALL');
+  const key = `contention:${cfg.name}:${rep}`;
+  const env = { ...process.env, ...cfg.env };
+  if (!cfg.env?.DOKEBI_LOCK_REDIS_NOTIFICATIONS) delete env.DOKEBI_LOCK_REDIS_NOTIFICATIONS;
+  delete env.REDIS_URL;
+
+  const procs = [];
+  for (let p = 0; p < PROCESSES; p++) {
+    const child = fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    children.add(child);
+    child.once('exit', () => children.delete(child));
+    procs.push(child);
+  }
+  const exited = procs.map((c) => new Promise((r) => (c.exitCode !== null ? r() : c.once('exit', r))));
+  try {
+    const ready = procs.map((c) => nextMessage(c, 'ready', 30_000));
+    procs.forEach((c, proc) => c.send({
+      type: 'init', library: cfg.library, peer: cfg.peer ?? {}, url: server.url, key, proc,
+      waiters: WAITERS, holdMs: HOLD_MS, holdMode: opts.hold, leaseMs: LEASE_MS, waitMs: WAIT_MS,
+    }));
+    await Promise.all(ready);
+
+    await server.command('CONFIG', 'RESETSTAT');
+    const before = parseInfo(await server.command('INFO', 'stats', 'commandstats'));
+    const startAt = now() + 150;
+    const endAt = startAt + opts.seconds * 1000;
+    const results = procs.map((c) => nextMessage(c, 'result', opts.seconds * 1000 + 30_000));
+    const ours = [process.pid, server.pid, ...procs.map((c) => c.pid)];
+    const cpu0 = { machine: machineBusy(), ours: processBusy(ours) };
+    for (const c of procs) c.send({ type: 'go', startAt, endAt });
+
+    // Who listens for releases, a second in (dokebi-after: one subscription per process).
+    await sleep(Math.max(0, startAt + Math.min(1000, opts.seconds * 500) - now()));
+    const numsub = await server.command('PUBSUB', 'NUMSUB', 'bench:lock-released');
+    const connected = parseInfo(await server.command('INFO', 'clients')).fields.connected_clients;
+
+    await sleep(Math.max(0, endAt - now()));
+    const sampledAt = now();
+    const after = parseInfo(await server.command('INFO', 'stats', 'commandstats'));
+    const cpu1 = { machine: machineBusy(), ours: processBusy(ours) };
+    const span = (sampledAt - startAt + 150) / 1000;
+    const cores = os.cpus().length;
+    const cpu = {
+      ourCpuShare: round((cpu1.ours - cpu0.ours) / (span * cores), 3),
+      otherCpuShare: round(Math.max(0, (cpu1.machine.busy - cpu0.machine.busy) - (cpu1.ours - cpu0.ours)) / (span * cores), 3),
+      stealShare: round((cpu1.machine.steal - cpu0.machine.steal) / (span * cores), 3),
+    };
+    const outs = await Promise.all(results);
+    await Promise.race([Promise.all(exited), sleep(5000)]);
+    return summarize(cfg, { startAt, endAt, sampledAt, before, after, outs, numsub: Number(numsub[1]), connected: Number(connected), cpu });
+  } finally {
+    for (const c of procs) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  }
+}
+
+// ----------------------------------------------------------------- metrics ----
+
+function summarize(cfg, run) {
+  const { startAt, endAt, outs } = run;
+  const windowMs = endAt - startAt;
+  const all = [];
+  const perProcess = [];
+  const perWaiter = [];
+  const failures = {};
+  const clientCommandsSeen = {};
+  let pendingOldest = null;
+  for (const out of outs) {
+    let n = 0;
+    const waiterCounts = new Array(WAITERS).fill(0);
+    for (const [w, t0, t1, t2, t3] of out.records) {
+      all.push({ proc: out.proc, w, t0, t1, t2, t3 });
+      if (t1 >= startAt && t1 < endAt) { n++; waiterCounts[w]++; }
+    }
+    perProcess[out.proc] = n;
+    perWaiter.push(...waiterCounts);
+    for (const [k, v] of Object.entries(out.failures)) failures[k] = (failures[k] ?? 0) + v;
+    for (const [k, v] of Object.entries(out.clientCommands)) clientCommandsSeen[k] = (clientCommandsSeen[k] ?? 0) + v;
+    for (const t of out.pending) if (t !== null) pendingOldest = pendingOldest === null ? t : Math.min(pendingOldest, t);
+  }
+  all.sort((a, b) => a.t1 - b.t1);
+  const inWindow = all.filter((r) => r.t1 >= startAt && r.t1 < endAt);
+  const acquisitions = inWindow.length;
+
+  let held = 0;
+  for (const r of all) held += Math.max(0, Math.min(r.t2, endAt) - Math.max(r.t1, startAt));
+
+  // Hand-offs: each acquisition against the one before it, all processes merged by time.
+  const gaps = [];
+  const releaseRtt = []; // previous holder: release called → release resolved
+  const afterRelease = []; // release resolved → next acquire resolved
+  let sameProcess = 0;
+  let sameWaiter = 0;
+  let overlaps = 0;
+  for (let i = 1; i < all.length; i++) {
+    const prev = all[i - 1];
+    const cur = all[i];
+    if (cur.t1 < startAt || cur.t1 >= endAt) continue;
+    const gap = cur.t1 - prev.t2;
+    if (gap < 0) overlaps++;
+    gaps.push(gap);
+    if (Number.isFinite(prev.t3)) {
+      releaseRtt.push(prev.t3 - prev.t2);
+      afterRelease.push(cur.t1 - prev.t3);
+    }
+    if (cur.proc === prev.proc) sameProcess++;
+    if (cur.proc === prev.proc && cur.w === prev.w) sameWaiter++;
+  }
+  sortNum(gaps); sortNum(releaseRtt); sortNum(afterRelease);
+  const waits = sortNum(inWindow.map((r) => r.t1 - r.t0));
+  const holds = sortNum(inWindow.map((r) => r.t2 - r.t1));
+
+  // Gap histogram, to see whether hand-offs ride notifications or safety-interval sleeps.
+  const edges = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, Infinity];
+  const gapHistogram = {};
+  for (const e of edges) gapHistogram[e === Infinity ? '>500' : `<=${e}`] = 0;
+  for (const g of gaps) {
+    const e = edges.find((x) => g <= x);
+    gapHistogram[e === Infinity ? '>500' : `<=${e}`]++;
+  }
+
+  // Redis side. total_commands_processed counts the commands run inside Lua scripts too.
+  const commandDelta = {};
+  for (const [k, v] of Object.entries(run.after.commands)) {
+    const d = v - (run.before.commands[k] ?? 0);
+    if (d > 0) commandDelta[k] = d;
+  }
+  const adminCalls = Object.entries(commandDelta).filter(([k]) => ADMIN(k)).reduce((s, [, v]) => s + v, 0);
+  const totalDelta = Number(run.after.fields.total_commands_processed) - Number(run.before.fields.total_commands_processed);
+  const serverCommands = totalDelta - adminCalls;
+  const clientCommands = Object.entries(commandDelta)
+    .filter(([k]) => !ADMIN(k) && !cfg.inner.includes(k))
+    .reduce((s, [, v]) => s + v, 0);
+  const perAcq = (x) => (acquisitions ? x / acquisitions : null);
+  const d = (k) => commandDelta[k] ?? 0;
+  // Acquire attempts (Redis round trips that try to take the lock), from the scripts' bodies.
+  const attempts = cfg.library === 'dokebi' ? d('pttl') + d('incr') // busy → PTTL, acquired → INCR
+    : cfg.library === 'redlock' ? d('exists') // lockScript starts with EXISTS
+      : d('set'); // redis-semaphore: a top-level SET NX PX per attempt
+  const commandsPerAcquisition = {};
+  for (const [k, v] of Object.entries(commandDelta).sort((a, b) => b[1] - a[1])) {
+    if (ADMIN(k)) continue;
+    commandsPerAcquisition[cfg.inner.includes(k) ? `${k} (in script)` : k] = round(perAcq(v), 3);
+  }
+  const clientSeen = Object.values(clientCommandsSeen).reduce((s, v) => s + v, 0);
+  // dokebi only, from driver.stats() when the build has it: per process, window deltas.
+  const driverStats = outs.every((o) => o.driverStats) ? outs.map((o) => ({ proc: o.proc, ...o.driverStats })) : null;
+  const sumStats = (k) => driverStats?.reduce((s, x) => s + x[k], 0);
+
+  const minProc = Math.min(...perProcess);
+  const maxProc = Math.max(...perProcess);
+  return {
+    acquisitions,
+    acquisitionsPerSec: round(acquisitions / (windowMs / 1000), 1),
+    utilization: round(held / windowMs, 4),
+    holdMs: { p50: round(percentile(holds, 50)), p99: round(percentile(holds, 99)) },
+    handoffGapMs: {
+      p50: round(percentile(gaps, 50)), p90: round(percentile(gaps, 90)), p99: round(percentile(gaps, 99)),
+      max: round(gaps.at(-1) ?? null), min: round(gaps[0] ?? null),
+      mean: round(gaps.length ? gaps.reduce((s, x) => s + x, 0) / gaps.length : null),
+      overlaps,
+    },
+    handoffBreakdownMs: {
+      releaseCalledToResolved: { p50: round(percentile(releaseRtt, 50)), p99: round(percentile(releaseRtt, 99)) },
+      releaseResolvedToNextAcquired: { p50: round(percentile(afterRelease, 50)), p99: round(percentile(afterRelease, 99)) },
+    },
+    gapHistogram,
+    sameProcessHandoffs: round(gaps.length ? sameProcess / gaps.length : null, 3),
+    sameWaiterHandoffs: round(gaps.length ? sameWaiter / gaps.length : null, 3),
+    waitMs: { p50: round(percentile(waits, 50)), p99: round(percentile(waits, 99)), max: round(waits.at(-1) ?? null) },
+    longestWaitMs: round(Math.max(waits.at(-1) ?? 0, pendingOldest === null ? 0 : endAt - pendingOldest)),
+    longestWaitStillPendingAtEndMs: pendingOldest === null ? null : round(endAt - pendingOldest),
+    perProcess,
+    fairness: minProc === 0 ? Infinity : round(maxProc / minProc, 3),
+    perWaiterMin: Math.min(...perWaiter),
+    perWaiterMax: Math.max(...perWaiter),
+    starvedWaiters: perWaiter.filter((n) => n === 0).length,
+    cpu: run.cpu,
+    failures,
+    failureCount: Object.values(failures).reduce((s, v) => s + v, 0),
+    redis: {
+      totalCommandsProcessedDelta: totalDelta,
+      benchmarkOwnCommands: adminCalls,
+      serverCommands,
+      serverCommandsPerAcquisition: round(perAcq(serverCommands), 3),
+      clientCommands,
+      clientCommandsPerAcquisition: round(perAcq(clientCommands), 3),
+      clientCommandsCountedByWorkers: cfg.library === 'dokebi' ? null : clientSeen,
+      attempts,
+      attemptsPerAcquisition: round(perAcq(attempts), 3),
+      commandsPerAcquisition,
+      commandDelta,
+      driverStats: driverStats && {
+        perProcess: driverStats,
+        redisAttemptsPerAcquisition: round(perAcq(sumStats('redisAttempts')), 3),
+        notificationsReceivedPerAcquisition: round(perAcq(sumStats('notificationsReceived')), 3),
+      },
+      subscribersOneSecondIn: run.numsub,
+      connectedClientsOneSecondIn: run.connected,
+      sampleLateMs: round(run.sampledAt - endAt),
+    },
+  };
+}
+
+// --------------------------------------------------------------- reporting ----
+
+const METRICS = {
+  acquisitionsPerSec: (m) => m.acquisitionsPerSec,
+  utilization: (m) => m.utilization,
+  gapP50: (m) => m.handoffGapMs.p50,
+  gapP99: (m) => m.handoffGapMs.p99,
+  clientCmdsPerAcq: (m) => m.redis.clientCommandsPerAcquisition,
+  serverCmdsPerAcq: (m) => m.redis.serverCommandsPerAcquisition,
+  attemptsPerAcq: (m) => m.redis.attemptsPerAcquisition,
+  fairness: (m) => m.fairness,
+  perWaiterMin: (m) => m.perWaiterMin,
+  starvedWaiters: (m) => m.starvedWaiters,
+  longestWaitMs: (m) => m.longestWaitMs,
+  failures: (m) => m.failureCount,
+  waitP99: (m) => m.waitMs.p99,
+  sameProcessHandoffs: (m) => m.sameProcessHandoffs,
+  sameWaiterHandoffs: (m) => m.sameWaiterHandoffs,
+  releaseRttP50: (m) => m.handoffBreakdownMs.releaseCalledToResolved.p50,
+  ourCpuShare: (m) => m.cpu.ourCpuShare,
+  otherCpuShare: (m) => m.cpu.otherCpuShare,
+};
+
+function medians(reps) {
+  const out = {};
+  for (const [k, f] of Object.entries(METRICS)) out[k] = median(reps.map(f));
+  // "Nobody starved" must hold in every repetition, not in the median one.
+  out.starvedWaitersWorstRep = Math.max(...reps.map((m) => m.starvedWaiters));
+  out.failuresTotal = reps.reduce((s, m) => s + m.failureCount, 0);
+  return out;
+}
+
+const fmt = (x, d = 2) => (x === null || x === undefined ? '–' : x === Infinity ? '∞' : Number(x).toFixed(d));
+
+function table(rows) {
+  const head = '| configuration | acq/s | utilization | hand-off gap p50 / p99 (ms) | client cmds/acq | server cmds/acq (incl. Lua) | attempts/acq | fairness proc max/min | per-waiter min | starved waiters (worst rep) | longest wait (ms) | same-process / same-waiter hand-offs | failures |';
+  const sep = '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|';
+  const lines = rows.map(({ name, med }) => `| ${name} | ${fmt(med.acquisitionsPerSec, 1)} | ${fmt(med.utilization, 3)} | ${fmt(med.gapP50, 3)} / ${fmt(med.gapP99, 2)} | ${fmt(med.clientCmdsPerAcq)} | ${fmt(med.serverCmdsPerAcq)} | ${fmt(med.attemptsPerAcq)} | ${fmt(med.fairness)} | ${fmt(med.perWaiterMin, 0)} | ${fmt(med.starvedWaitersWorstRep, 0)} | ${fmt(med.longestWaitMs, 0)} | ${fmt(med.sameProcessHandoffs)} / ${fmt(med.sameWaiterHandoffs)} | ${fmt(med.failuresTotal, 0)} |`);
+  return [head, sep, ...lines].join('\n');
+}
+
+function targets(byName) {
+  const after = byName['dokebi-after'];
+  if (!after) return [];
+  const peers = Object.entries(byName).filter(([n]) => !n.startsWith('dokebi-'));
+  const isFair = (med) => med.fairness !== null && med.fairness <= 1.3 && med.starvedWaitersWorstRep === 0;
+  const fairPeers = peers.filter(([, med]) => isFair(med));
+  const bestFair = fairPeers.sort((a, b) => a[1].clientCmdsPerAcq - b[1].clientCmdsPerAcq)[0];
+  const bestFairServer = [...fairPeers].sort((a, b) => a[1].serverCmdsPerAcq - b[1].serverCmdsPerAcq)[0];
+  const out = [];
+  const add = (target, pass, detail) => out.push({ target, result: pass === null ? 'N/A' : pass ? 'PASS' : 'FAIL', detail });
+
+  add('utilization of dokebi-after >= 0.90', after.utilization >= 0.9, `${fmt(after.utilization, 3)}`);
+  const cap = PROCESSES + 1;
+  add(`client commands per acquisition of dokebi-after <= processes + 1 (${cap})`, after.clientCmdsPerAcq <= cap,
+    `${fmt(after.clientCmdsPerAcq)} (requests sent to Redis; Lua-inner commands not counted)`);
+  add('client commands per acquisition of dokebi-after <= half of the best fair peer\'s',
+    bestFair ? after.clientCmdsPerAcq <= bestFair[1].clientCmdsPerAcq / 2 : null,
+    bestFair ? `${fmt(after.clientCmdsPerAcq)} vs ${bestFair[0]} ${fmt(bestFair[1].clientCmdsPerAcq)} (ratio ${fmt(after.clientCmdsPerAcq / bestFair[1].clientCmdsPerAcq, 3)}); fair peers: ${fairPeers.map(([n]) => n).join(', ') || 'none'}`
+      : `no peer was fair (max/min <= 1.3, nobody starved); peers (fairness, starved, client cmds/acq): ${peers.map(([n, m]) => `${n} ${fmt(m.fairness)}, ${m.starvedWaitersWorstRep}, ${fmt(m.clientCmdsPerAcq)}`).join('; ')}`);
+  add(`(literal) server commands per acquisition of dokebi-after, incl. Lua-inner, <= ${cap}`, after.serverCmdsPerAcq <= cap,
+    `${fmt(after.serverCmdsPerAcq)} (total_commands_processed delta; Redis 7.0 counts every redis.call inside a script)`);
+  add('(literal) server commands per acquisition of dokebi-after <= half of the best fair peer\'s',
+    bestFairServer ? after.serverCmdsPerAcq <= bestFairServer[1].serverCmdsPerAcq / 2 : null,
+    bestFairServer ? `${fmt(after.serverCmdsPerAcq)} vs ${bestFairServer[0]} ${fmt(bestFairServer[1].serverCmdsPerAcq)}` : 'no fair peer');
+  add('hand-off gap p50 of dokebi-after below every peer\'s', peers.length ? peers.every(([, m]) => after.gapP50 < m.gapP50) : null,
+    `${fmt(after.gapP50, 3)} ms vs ${peers.map(([n, m]) => `${n} ${fmt(m.gapP50, 3)}`).join(', ') || 'no peers run'}`);
+  add('fairness of dokebi-after <= 1.3 with no starved waiter', isFair(after),
+    `max/min ${fmt(after.fairness, 3)}, starved ${after.starvedWaitersWorstRep} (worst rep), per-waiter min ${fmt(after.perWaiterMin, 0)}`);
+  return out;
+}
+
+// --------------------------------------------------------------------- main ----
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const configs = opts.only ? CONFIGS.filter((c) => opts.only.includes(c.name)) : CONFIGS;
+  if (opts.only) {
+    const unknown = opts.only.filter((n) => !CONFIGS.some((c) => c.name === n));
+    if (unknown.length) throw new Error(`unknown configuration(s): ${unknown.join(', ')}; known: ${CONFIGS.map((c) => c.name).join(', ')}`);
+  }
+  // The harness wraps REDIS_URL when set; this benchmark always wants its own server.
+  delete process.env.REDIS_URL;
+  const { startRedis } = await import('../__test__/helpers/redis.mjs');
+  const startedAt = new Date();
+  const date = startedAt.toISOString().slice(0, 10);
+  const commandLine = ['node', path.relative(root, fileURLToPath(import.meta.url)), ...process.argv.slice(2)].join(' ');
+  const loadBefore = os.loadavg();
+
+  const addonAtStart = addonInfo();
+  const git = gitInfo();
+  if (addonAtStart.build !== 'release') console.error(`WARNING: ${addonAtStart.file} is a ${addonAtStart.build ?? 'missing'} build; run npm run build (release) first`);
+
+  // The harness already passes --save "" --appendonly no.
+  const server = await startRedis();
+  try {
+    const serverInfo = parseInfo(await server.command('INFO', 'server')).fields;
+    const persistence = {
+      save: (await server.command('CONFIG', 'GET', 'save'))[1],
+      appendonly: (await server.command('CONFIG', 'GET', 'appendonly'))[1],
+    };
+    const raw = Object.fromEntries(configs.map((c) => [c.name, []]));
+    let discarded = [];
+    // Every accepted run is saved at once, so a run that is interrupted (the machine may be
+    // shared) can go on with --resume instead of starting over.
+    const resultsDir = opts.out ?? path.join(here, 'results');
+    mkdirSync(resultsDir, { recursive: true });
+    const partialFile = path.join(resultsDir, 'lock-contention.partial.json');
+    const settings = { seconds: opts.seconds, hold: opts.hold, configs: configs.map((c) => c.name), addon: addonAtStart.sha256 };
+    if (opts.resume) {
+      try {
+        const saved = JSON.parse(readFileSync(partialFile, 'utf8'));
+        if (JSON.stringify(saved.settings) === JSON.stringify(settings)) {
+          for (const [n, reps] of Object.entries(saved.raw)) raw[n] = reps.slice(0, opts.reps);
+          discarded = saved.discarded ?? [];
+          console.error(`resuming: ${Object.entries(raw).map(([n, r]) => `${n} ${r.length}`).join(', ')} run(s) done`);
+        } else console.error(`--resume: ${partialFile} has other settings (${JSON.stringify(saved.settings)}); starting over`);
+      } catch (err) {
+        console.error(`--resume: nothing to resume (${err.message})`);
+      }
+    }
+    for (let rep = 1; rep <= opts.reps; rep++) {
+      for (const cfg of configs) {
+        if (raw[cfg.name].length >= rep) continue;
+        const t = Date.now();
+        let m;
+        // The machine may be shared: wait for quiet; a run during which other processes used
+        // more than --max-other-cpu of it is discarded (and recorded) and run again.
+        for (let attempt = 1; ; attempt++) {
+          if (!(await waitForQuiet([process.pid, server.pid], opts.maxOtherCpu / 2, opts.quietWaitMs))) {
+            console.error(`rep ${rep}/${opts.reps} ${cfg.name}: the machine did not get quiet within ${opts.quietWaitMs / 1000} s; running anyway`);
+          }
+          m = await runOne(server, cfg, rep, opts);
+          if (m.cpu.otherCpuShare <= opts.maxOtherCpu) break;
+          if (attempt > opts.retries) { m.contaminated = true; break; }
+          console.error(`rep ${rep}/${opts.reps} ${cfg.name}: discarded, other processes used ${m.cpu.otherCpuShare} of the machine; again when quiet`);
+          discarded.push({ rep, configuration: cfg.name, attempt, cpu: m.cpu, acquisitionsPerSec: m.acquisitionsPerSec, gapP50: m.handoffGapMs.p50, fairness: m.fairness });
+        }
+        raw[cfg.name].push(m);
+        writeFileSync(partialFile, JSON.stringify({ settings, raw, discarded }, (k, v) => (v === Infinity ? 1e308 : v)));
+        console.error(`rep ${rep}/${opts.reps} ${cfg.name.padEnd(17)} ${String(m.acquisitionsPerSec).padStart(7)} acq/s  util ${m.utilization}  gap p50 ${m.handoffGapMs.p50} ms  client cmds/acq ${m.redis.clientCommandsPerAcquisition}  fairness ${m.fairness}  starved ${m.starvedWaiters}  failures ${m.failureCount}  cpu ours ${m.cpu.ourCpuShare} other ${m.cpu.otherCpuShare}  (${((Date.now() - t) / 1000).toFixed(1)} s)`);
+      }
+    }
+    const addonAtEnd = addonInfo();
+    const addonChanged = addonAtEnd.sha256 !== addonAtStart.sha256;
+    if (addonChanged) console.error(`WARNING: ${addonAtStart.file} changed during the run (${addonAtStart.sha256} → ${addonAtEnd.sha256}); the dokebi numbers may mix two builds`);
+    const byName = Object.fromEntries(configs.map((c) => [c.name, medians(raw[c.name])]));
+    const rows = configs.map((c) => ({ name: c.name, med: byName[c.name] }));
+    const verdicts = targets(byName);
+
+    const meta = {
+      benchmark: 'lock-contention',
+      date,
+      startedAt: startedAt.toISOString(),
+      command: commandLine,
+      machine: {
+        cpu: os.cpus()[0]?.model, cpus: os.cpus().length, totalMemoryBytes: os.totalmem(),
+        kernel: `${os.type()} ${os.release()} ${os.version()}`, arch: os.arch(),
+        loadAverageBefore: loadBefore.map((x) => round(x, 2)), loadAverageAfter: os.loadavg().map((x) => round(x, 2)),
+      },
+      node: process.version,
+      discardedRuns: discarded,
+      contaminatedRuns: Object.entries(raw).flatMap(([n, reps]) => reps.map((m, i) => (m.contaminated ? `${n} rep ${i + 1}` : null)).filter(Boolean)),
+      addon: { ...addonAtStart, changedDuringRun: addonChanged, ...(addonChanged ? { atEnd: addonAtEnd } : {}) },
+      git,
+      redisServer: { version: serverInfo.redis_version, persistence, note: 'throwaway redis-server from __test__/helpers/redis.mjs' },
+      packages: {
+        '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version,
+        ioredis: pkgVersion('ioredis'), redlock: pkgVersion('redlock'), 'redis-semaphore': pkgVersion('redis-semaphore'),
+      },
+      setup: {
+        processes: PROCESSES, waitersPerProcess: WAITERS, keys: 1, holdMs: HOLD_MS, hold: opts.hold === 'atomics'
+          ? 'Atomics.wait on a SharedArrayBuffer for 2 ms (precise; blocks the holder process\'s JS thread)'
+          : 'await setTimeout(2) (2 to 3+ ms)',
+        leaseMs: LEASE_MS, waitMs: WAIT_MS, seconds: opts.seconds, reps: opts.reps,
+        maxOtherCpu: opts.maxOtherCpu, retries: opts.retries, quietWaitSeconds: opts.quietWaitMs / 1000,
+        clock: 'performance.timeOrigin + performance.now() in every process',
+        definitions: {
+          utilization: 'sum of holds (acquire resolved → release called) clipped to the window / window',
+          handoffGap: 'next acquire resolved − previous release called, all processes merged by time',
+          clientCommands: 'INFO commandstats delta of the commands a client sends (not run inside a Lua script), per acquisition',
+          serverCommands: 'INFO stats total_commands_processed delta minus the benchmark\'s own INFO/CONFIG/PUBSUB, per acquisition; Redis 7.0 counts every redis.call inside a script here too',
+          attempts: 'acquire attempts (round trips trying to take the lock) per acquisition, derived from the scripts\' inner commands',
+          fairness: 'max/min acquisitions per process (∞ when a process got none)',
+          starvedWaiters: 'waiters with zero acquisitions in the window',
+          longestWait: 'longest acquire call → resolved, including waits still pending at the end',
+        },
+      },
+    };
+    const section = (c) => ({ configuration: c.name, note: c.note, medians: byName[c.name], repetitions: raw[c.name] });
+    const json = (x) => JSON.stringify(x, (k, v) => (v === Infinity ? 'Infinity' : v), 2) + '\n';
+    const written = [];
+    const beforeCfg = configs.find((c) => c.name === 'dokebi-before');
+    if (beforeCfg) {
+      const f = path.join(resultsDir, `${date}-lock-contention-before.json`);
+      writeFileSync(f, json({ ...meta, ...section(beforeCfg) }));
+      written.push(f);
+    }
+    const afterCfg = configs.find((c) => c.name === 'dokebi-after');
+    if (afterCfg) {
+      const f = path.join(resultsDir, `${date}-lock-contention-after.json`);
+      const peers = Object.fromEntries(configs.filter((c) => !c.name.startsWith('dokebi-')).map((c) => [c.name, section(c)]));
+      writeFileSync(f, json({ ...meta, ...section(afterCfg), peers, targets: verdicts }));
+      written.push(f);
+    }
+
+    const md = [
+      `# Lock contention, ${date}`,
+      '',
+      `\`${commandLine}\` — ${PROCESSES} processes × ${WAITERS} waiters, one key, hold ${HOLD_MS} ms (${opts.hold}), leaseMs ${LEASE_MS}, ${opts.seconds} s × ${opts.reps} reps, medians.`,
+      `Machine: ${meta.machine.cpu} × ${meta.machine.cpus}, ${(meta.machine.totalMemoryBytes / 2 ** 30).toFixed(0)} GiB, ${os.type()} ${os.release()}; Node ${process.version}; redis-server ${serverInfo.redis_version}; ` +
+        Object.entries(meta.packages).map(([k, v]) => `${k} ${v}`).join(', ') + '.',
+      `Addon: ${addonAtStart.build} build, sha256 ${addonAtStart.sha256}…, git ${git.head?.slice(0, 7)}${git.dirty?.length ? ` + uncommitted changes in ${git.dirty.map((l) => l.slice(3)).join(', ')}` : ''}${addonChanged ? ' — CHANGED DURING THE RUN' : ''}.`,
+      '',
+      table(rows),
+      '',
+      `CPU during the runs, share of all ${os.cpus().length} cores (median): ` + rows.map(({ name, med }) => `${name} ours ${fmt(med.ourCpuShare)} / other processes ${fmt(med.otherCpuShare)}`).join('; ') + '.',
+      '',
+      'Client commands = requests sent to Redis (EVALSHA, SET, SUBSCRIBE, ...); server commands also count each redis.call inside a Lua script (Redis 7.0 total_commands_processed). Hand-off gap = next acquire resolved − previous release called, across processes.',
+      '',
+      ...configs.map((c) => `- ${c.name}: ${c.note}`),
+      '',
+      ...(verdicts.length ? ['## Targets', '', '| target | result | measured |', '|---|---|---|', ...verdicts.map((v) => `| ${v.target} | ${v.result} | ${v.detail} |`), ''] : []),
+    ].join('\n');
+    const mdFile = path.join(resultsDir, `${date}-lock-contention.md`);
+    writeFileSync(mdFile, md);
+    written.push(mdFile);
+
+    rmSync(partialFile, { force: true });
+    console.log(table(rows));
+    console.log('');
+    for (const v of verdicts) console.log(`${v.result.padEnd(4)}  ${v.target}: ${v.detail}`);
+    console.log('');
+    for (const f of written) console.log(`wrote ${path.relative(process.cwd(), f)}`);
+  } finally {
+    await server.stop();
+  }
+}
+
+main().then(() => process.exit(0), (err) => {
+  console.error(err);
+  killChildren();
+  process.exit(1);
+});

@@ -1,0 +1,208 @@
+// Helpers of benchmarks/throughput.bench.mjs and its worker: statistics, machine and
+// version facts, CPU accounting from /proc. The conventions (and several functions) follow
+// benchmarks/lock-contention.bench.mjs, which cannot be imported (it runs when loaded).
+
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { readFileSync, statSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const here = path.dirname(fileURLToPath(import.meta.url));
+export const root = path.resolve(here, '..');
+
+// ------------------------------------------------------------------ numbers ----
+
+/** Nearest-rank percentile of an ascending array (or typed array). */
+export function percentile(sorted, p) {
+  if (sorted.length === 0) return null;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[i];
+}
+
+export function median(values) {
+  const v = values.filter((x) => x !== null && x !== undefined && !Number.isNaN(x)).sort((a, b) => a - b);
+  if (v.length === 0) return null;
+  const m = Math.floor(v.length / 2);
+  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+export const round = (x, d = 3) => (x === null || x === undefined ? x : Number.isFinite(x) ? Number(x.toFixed(d)) : x);
+
+/** Spread of repetitions: (max − min) / median, to show how noisy a configuration was. */
+export function spread(values) {
+  const v = values.filter((x) => Number.isFinite(x));
+  if (v.length < 2) return null;
+  const m = median(v);
+  return m ? (Math.max(...v) - Math.min(...v)) / m : null;
+}
+
+/**
+ * Growable Float64 sample buffer: latencies are kept without boxing so that recording
+ * them does not itself feed the garbage collector the benchmark is measuring around.
+ */
+export class Samples {
+  constructor(capacity = 1 << 16) {
+    this.data = new Float64Array(capacity);
+    this.length = 0;
+  }
+  push(x) {
+    if (this.length === this.data.length) {
+      const bigger = new Float64Array(this.data.length * 2);
+      bigger.set(this.data);
+      this.data = bigger;
+    }
+    this.data[this.length++] = x;
+  }
+  sorted() {
+    return this.data.subarray(0, this.length).sort();
+  }
+  summary(digits = 4) {
+    const s = this.sorted();
+    let sum = 0;
+    for (let i = 0; i < s.length; i++) sum += s[i];
+    return {
+      n: s.length,
+      p50: round(percentile(s, 50), digits), p90: round(percentile(s, 90), digits),
+      p99: round(percentile(s, 99), digits), max: round(s.length ? s[s.length - 1] : null, digits),
+      mean: round(s.length ? sum / s.length : null, digits),
+    };
+  }
+}
+
+// ------------------------------------------------------------------- facts ----
+
+export function parseInfo(text) {
+  const fields = {};
+  for (const line of text.split('\r\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.indexOf(':');
+    fields[line.slice(0, i)] = line.slice(i + 1);
+  }
+  return fields;
+}
+
+export function pkgVersion(name) {
+  try {
+    return JSON.parse(readFileSync(path.join(root, 'node_modules', name, 'package.json'), 'utf8')).version;
+  } catch {
+    return null;
+  }
+}
+
+// Section names of an ELF64 little-endian file (enough to tell a debug build: .debug_info).
+function elfSections(buf) {
+  if (buf.readUInt32BE(0) !== 0x7f454c46 || buf[4] !== 2 || buf[5] !== 1) return [];
+  const shoff = Number(buf.readBigUInt64LE(0x28));
+  const shentsize = buf.readUInt16LE(0x3a);
+  const shnum = buf.readUInt16LE(0x3c);
+  const shstrndx = buf.readUInt16LE(0x3e);
+  const header = (i) => shoff + i * shentsize;
+  const strOff = Number(buf.readBigUInt64LE(header(shstrndx) + 0x18));
+  const names = [];
+  for (let i = 0; i < shnum; i++) {
+    const nameOff = strOff + buf.readUInt32LE(header(i));
+    names.push(buf.toString('latin1', nameOff, buf.indexOf(0, nameOff)));
+  }
+  return names;
+}
+
+/** The package directory whose addon the dokebi configurations load. */
+export const packageDir = process.env.DOKEBI_BENCH_PACKAGE ? path.resolve(process.env.DOKEBI_BENCH_PACKAGE) : root;
+
+/**
+ * The addon this run measures (the repo is shared: it may be rebuilt under us), and whether
+ * it embeds `acquireScript` (src/scripts/acquire.lua, which the ceiling runs) byte for byte:
+ * the scripts are compiled in with include_str!, so an edited but unbuilt script shows here.
+ */
+export function addonInfo(acquireScript) {
+  const file = path.join(packageDir, 'lock-redis.linux-x64-gnu.node');
+  try {
+    const buf = readFileSync(file);
+    const sections = elfSections(buf);
+    return {
+      file: path.relative(root, file) || file, bytes: buf.length, mtime: statSync(file).mtime.toISOString(),
+      embedsAcquireScript: acquireScript === undefined ? undefined : buf.includes(Buffer.from(acquireScript)),
+      sha256: createHash('sha256').update(buf).digest('hex').slice(0, 16),
+      build: sections.includes('.debug_info') ? 'debug' : 'release',
+      symbols: sections.includes('.symtab'),
+    };
+  } catch (err) {
+    return { file: path.basename(file), error: String(err.message) };
+  }
+}
+
+export function gitInfo() {
+  const git = (...a) => { try { return execFileSync('git', a, { cwd: root, encoding: 'utf8' }); } catch { return null; } };
+  return {
+    head: git('rev-parse', 'HEAD')?.trim() ?? null,
+    // Porcelain lines are "XY path": keep the leading status column (no trim).
+    dirty: git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock', 'index.js', 'binding.js')?.split('\n').filter(Boolean) ?? null,
+  };
+}
+
+export function machineInfo() {
+  const cpus = os.cpus();
+  return {
+    cpu: cpus[0]?.model, cores: cpus.length, totalMemoryBytes: os.totalmem(),
+    kernel: `${os.type()} ${os.release()} ${os.version()}`, arch: os.arch(),
+  };
+}
+
+export function commandVersion(cmd, args = ['--version']) {
+  try {
+    return execFileSync(cmd, args, { encoding: 'utf8' }).trim();
+  } catch {
+    return null;
+  }
+}
+
+// -------------------------------------------------------------------- CPU ----
+
+// CPU seconds from /proc: the whole machine's busy time and given processes' own (all
+// their threads), to show how much of the shared machine something else used.
+const TICK = 100; // USER_HZ
+export function machineBusy() {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  const [user, nice, system, , , irq, softirq, steal] = f;
+  return { busy: (user + nice + system + irq + softirq) / TICK, steal: (steal ?? 0) / TICK };
+}
+
+export function processBusy(pids) {
+  let s = 0;
+  for (const pid of pids) {
+    if (!pid) continue;
+    try {
+      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+      s += (Number(f[11]) + Number(f[12])) / TICK; // utime, stime
+    } catch { /* gone */ }
+  }
+  return s;
+}
+
+/**
+ * Starts a CPU window over `pids` (ours: this process, the worker, redis-server) and the
+ * machine; `.end()` gives each as a share of all cores, and redis-server's own seconds.
+ */
+export function cpuWindow(pids, redisPid) {
+  const t0 = performance.now();
+  const m0 = machineBusy();
+  const o0 = processBusy(pids);
+  const r0 = processBusy([redisPid]);
+  return {
+    end() {
+      const span = (performance.now() - t0) / 1000;
+      const m1 = machineBusy();
+      const ours = Math.max(0, processBusy(pids) - o0);
+      const cores = os.cpus().length;
+      return {
+        seconds: round(span, 3),
+        redisCpuSeconds: round(processBusy([redisPid]) - r0, 3),
+        ourCpuShare: round(ours / (span * cores), 3),
+        otherCpuShare: round(Math.max(0, (m1.busy - m0.busy) - ours) / (span * cores), 3),
+        stealShare: round((m1.steal - m0.steal) / (span * cores), 3),
+      };
+    },
+  };
+}
