@@ -9,53 +9,13 @@ import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { encode, parseReply } from '../helpers/redis.mjs';
 
 const HOST = '127.0.0.1';
 
 // ---------------------------------------------------------------- RESP ----
 
-function encode(args) {
-  const parts = [Buffer.from(`*${args.length}\r\n`)];
-  for (const arg of args) {
-    const b = Buffer.from(String(arg));
-    parts.push(Buffer.from(`$${b.length}\r\n`), b, Buffer.from('\r\n'));
-  }
-  return Buffer.concat(parts);
-}
-
-function parseReply(buf, start = 0) {
-  const eol = buf.indexOf('\r\n', start);
-  if (eol === -1) return undefined;
-  const type = String.fromCharCode(buf[start]);
-  const line = buf.toString('utf8', start + 1, eol);
-  const next = eol + 2;
-  switch (type) {
-    case '+': return [line, next];
-    case '-': return [new Error(line), next];
-    case ':': return [Number(line), next];
-    case '$': {
-      const len = Number(line);
-      if (len < 0) return [null, next];
-      if (buf.length < next + len + 2) return undefined;
-      return [buf.toString('utf8', next, next + len), next + len + 2];
-    }
-    case '*': {
-      const n = Number(line);
-      if (n < 0) return [null, next];
-      const items = [];
-      let off = next;
-      for (let i = 0; i < n; i++) {
-        const r = parseReply(buf, off);
-        if (!r) return undefined;
-        items.push(r[0]);
-        off = r[1];
-      }
-      return [items, off];
-    }
-    default:
-      throw new Error(`unexpected RESP type byte ${JSON.stringify(type)}`);
-  }
-}
+// The harness's RESP encoder and parser (RESP2 only, test-only).
 
 /**
  * One persistent connection: `call(...args)` resolves with the reply (rejects on an error

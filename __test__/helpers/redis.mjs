@@ -42,7 +42,7 @@ process.on('exit', () => {
 
 // ---------------------------------------------------------------- RESP ----
 
-function encode(args) {
+export function encode(args) {
   const parts = [Buffer.from(`*${args.length}\r\n`)];
   for (const arg of args) {
     const b = Buffer.isBuffer(arg) ? arg : Buffer.from(String(arg));
@@ -56,7 +56,7 @@ function encode(args) {
 // Error replies become Error values here; the caller decides whether to throw,
 // so an error inside an array (EXEC) does not reject the whole command.
 // Integers are JS numbers: fine for tests, lossy above 2^53.
-function parseReply(buf, start = 0) {
+export function parseReply(buf, start = 0) {
   const eol = buf.indexOf('\r\n', start);
   if (eol === -1) return undefined;
   const type = String.fromCharCode(buf[start]);
