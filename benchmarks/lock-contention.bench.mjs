@@ -483,7 +483,7 @@ function targets(byName) {
   add('utilization of dokebi-after >= 0.90', after.utilization >= 0.9, `${fmt(after.utilization, 3)}`);
   const cap = PROCESSES + 1;
   add(`client commands per acquisition of dokebi-after <= processes + 1 (${cap})`, after.clientCmdsPerAcq <= cap,
-    `${fmt(after.clientCmdsPerAcq)} (requests sent to Redis; Lua-inner commands not counted)`);
+    `${fmt(after.clientCmdsPerAcq, 3)} (requests sent to Redis; Lua-inner commands not counted)`);
   add('client commands per acquisition of dokebi-after <= half of the best fair peer\'s',
     bestFair ? after.clientCmdsPerAcq <= bestFair[1].clientCmdsPerAcq / 2 : null,
     bestFair ? `${fmt(after.clientCmdsPerAcq)} vs ${bestFair[0]} ${fmt(bestFair[1].clientCmdsPerAcq)} (ratio ${fmt(after.clientCmdsPerAcq / bestFair[1].clientCmdsPerAcq, 3)}); fair peers: ${fairPeers.map(([n]) => n).join(', ') || 'none'}`
