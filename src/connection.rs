@@ -148,14 +148,9 @@ impl RedisLink {
             let mut state = self.state();
             match &*state {
                 State::Connected(conn) if !conn.is_closed() => return Ok(conn.clone()),
-                State::Connected(_) => {
-                    let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-                    let attempt = self.clone().open(generation).boxed().shared();
-                    *state = State::Connecting(generation, attempt.clone());
-                    (generation, attempt)
-                }
                 State::Connecting(generation, attempt) => (*generation, attempt.clone()),
-                State::Idle => {
+                // Nothing open, or the open one was announced closed: connect anew.
+                State::Idle | State::Connected(_) => {
                     let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                     let attempt = self.clone().open(generation).boxed().shared();
                     *state = State::Connecting(generation, attempt.clone());
