@@ -140,16 +140,20 @@ function createRedisLockDriver(connection, options, logger) {
     if (signal?.aborted) {
       throw new LockError(LockErrorCode.ABORTED, 'the acquire was aborted by its signal', { cause: signal.reason })
     }
+    if (signal === undefined) return leaseOf(key, await backend.acquire(key, waitTimeoutMs))
     const cancel = new native.CancelToken()
     const onAbort = () => cancel.cancel()
-    signal?.addEventListener('abort', onAbort, { once: true })
+    signal.addEventListener('abort', onAbort, { once: true })
     try {
-      const result = await backend.acquire(key, waitTimeoutMs, cancel)
-      if (result instanceof native.NativeLease) return new Lease(key, result)
-      throw toLockError(result, signal)
+      return leaseOf(key, await backend.acquire(key, waitTimeoutMs, cancel), signal)
     } finally {
-      signal?.removeEventListener('abort', onAbort)
+      signal.removeEventListener('abort', onAbort)
     }
+  }
+
+  function leaseOf(key, result, signal) {
+    if (result instanceof native.NativeLease) return new Lease(key, result)
+    throw toLockError(result, signal)
   }
 
   async function shutdown() {

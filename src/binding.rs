@@ -19,6 +19,8 @@ use crate::events;
 use crate::lease::Lease;
 use crate::options::{self, Raw};
 
+mod settle;
+
 /// A RedisError-shaped cause, as @dokebi/redis shapes its own.
 #[napi(object)]
 pub struct NativeRedisError {
@@ -265,6 +267,10 @@ fn init_runtime() {
 /// runtime stopped drops the task instead of panicking (env cleanup hooks run late).
 static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
 
+fn runtime() -> &'static tokio::runtime::Handle {
+    RUNTIME.get().expect("module_init sets the runtime before any call")
+}
+
 // --- driver ----------------------------------------------------------------------------
 
 /// An AbortSignal's Rust side: index.js calls `cancel()` from the signal's abort listener.
@@ -349,7 +355,7 @@ impl NativeDriver {
         env: &'env Env,
         key: Unknown,
         wait_timeout_ms: Unknown,
-        cancel: &CancelToken,
+        cancel: Option<&CancelToken>,
     ) -> Result<PromiseRaw<'env, Either<NativeLease, NativeError>>> {
         let driver = self.driver.clone();
         let wait_timeout_ms = to_raw(&wait_timeout_ms, 0)?;
@@ -359,16 +365,16 @@ impl NativeDriver {
         }
         .and_then(|key| Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?)));
         // Started here, on the JS thread, so acquires line up in call order.
-        let acquiring = checked.map(|(key, wait_ms)| driver.acquire(&key, Some(wait_ms), cancel.token.clone()));
-        env.spawn_future(async move {
+        let acquiring = checked.map(|(key, wait_ms)| driver.acquire(&key, Some(wait_ms), cancel.map(|c| c.token.clone()).unwrap_or_default()));
+        settle::spawn(env, runtime(), async move {
             let acquired = match acquiring {
                 Ok(acquiring) => acquiring.await,
                 Err(e) => Err(e),
             };
-            Ok(match acquired {
+            match acquired {
                 Ok(lease) => Either::A(NativeLease { driver, lease }),
                 Err(e) => Either::B(e.into()),
-            })
+            }
         })
     }
 
@@ -376,7 +382,7 @@ impl NativeDriver {
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn shutdown<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let driver = self.driver.clone();
-        env.spawn_future(async move { Ok(driver.shutdown().await.err().map(NativeError::from)) })
+        settle::spawn(env, runtime(), async move { driver.shutdown().await.err().map(NativeError::from) })
     }
 
     #[napi]
@@ -441,17 +447,17 @@ impl NativeLease {
     pub fn release<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
         // Invalid the moment release() is called, before the future runs.
         let releasing = self.driver.release(&self.lease);
-        env.spawn_future(async move {
-            Ok(match releasing.await {
+        settle::spawn(env, runtime(), async move {
+            match releasing.await {
                 Ok(released) => Either::A(released),
                 Err(e) => Either::B(e.into()),
-            })
+            }
         })
     }
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn renew<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let renewing = self.driver.renew(&self.lease);
-        env.spawn_future(async move { Ok(renewing.await.err().map(NativeError::from)) })
+        settle::spawn(env, runtime(), async move { renewing.await.err().map(NativeError::from) })
     }
 }

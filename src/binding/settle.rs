@@ -1,0 +1,186 @@
+//! Settles the promises of the binding from tokio through one threadsafe function per JS
+//! thread (docs/decisions/0014).
+//!
+//! napi-rs's `Env::spawn_future` creates, refs and tears down a threadsafe function (a
+//! uv_async handle) for every promise. On the lock's hot path that was most of the Node CPU
+//! per acquire/release pair. Here one threadsafe function lives as long as the JS thread's
+//! environment: completions queue on it and Node drains them in batches. It is ref'd only
+//! while promises of that thread are pending, so it keeps Node alive exactly as a pending
+//! promise should, and never after.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use napi::bindgen_prelude::*;
+use napi::sys;
+
+/// The settler's address while its environment lives; `None` from the moment Node
+/// finalizes it (environment teardown), so no task calls a freed threadsafe function.
+type Handle = Arc<Mutex<Option<usize>>>;
+
+thread_local! {
+    // One per JS thread: the main thread and each worker have their own environment.
+    static SETTLER: std::cell::RefCell<Option<Handle>> = const { std::cell::RefCell::new(None) };
+    static PENDING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// One settlement, made on the JS thread.
+struct Settlement {
+    deferred: usize,
+    value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send>,
+}
+
+unsafe extern "C" fn settle_one(env: sys::napi_env, _js: sys::napi_value, context: *mut c_void, data: *mut c_void) {
+    let settlement = unsafe { Box::from_raw(data.cast::<Settlement>()) };
+    // A null env: the environment is being torn down; the promise goes with it.
+    if env.is_null() {
+        return;
+    }
+    let deferred = settlement.deferred as sys::napi_deferred;
+    unsafe {
+        match (settlement.value)(env) {
+            Ok(value) => sys::napi_resolve_deferred(env, deferred, value),
+            Err(err) => sys::napi_reject_deferred(env, deferred, JsError::from(err).into_value(env)),
+        };
+    }
+    let left = PENDING.with(|p| {
+        let left = p.get().saturating_sub(1);
+        p.set(left);
+        left
+    });
+    if left == 0 {
+        // Nothing pending on this thread: the settler must not keep Node alive.
+        let handle = unsafe { &*(context as *const Mutex<Option<usize>>) };
+        if let Some(tsfn) = *lock(handle) {
+            unsafe { sys::napi_unref_threadsafe_function(env, tsfn as sys::napi_threadsafe_function) };
+        }
+    }
+}
+
+unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    let handle = unsafe { Arc::from_raw(data as *const Mutex<Option<usize>>) };
+    *lock(&handle) = None;
+}
+
+unsafe extern "C" fn has_ref_cb(env: sys::napi_env, _info: sys::napi_callback_info) -> sys::napi_value {
+    let mut result = ptr::null_mut();
+    let pending = PENDING.with(|p| p.get()) > 0;
+    unsafe { sys::napi_get_boolean(env, pending, &mut result) };
+    result
+}
+
+fn lock(handle: &Mutex<Option<usize>>) -> std::sync::MutexGuard<'_, Option<usize>> {
+    handle.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// This thread's settler, created on first use.
+fn settler(env: sys::napi_env) -> Result<Handle> {
+    if let Some(handle) = SETTLER.with(|s| s.borrow().clone()) {
+        if lock(&handle).is_some() {
+            return Ok(handle);
+        }
+    }
+    let handle: Handle = Arc::new(Mutex::new(None));
+    let context = Arc::as_ptr(&handle) as *mut c_void;
+    let mut name = ptr::null_mut();
+    let mut tsfn = ptr::null_mut();
+    let mut resource = ptr::null_mut();
+    let mut has_ref = ptr::null_mut();
+    unsafe {
+        check(sys::napi_create_string_utf8(env, c"dokebi-lock-redis".as_ptr(), 17, &mut name))?;
+        // async_hooks see the settler as a resource for as long as the environment lives;
+        // `hasRef()` tells tools such as Jest's --detectOpenHandles whether it holds Node
+        // open now (only while promises are pending), as Node's own handles do.
+        check(sys::napi_create_object(env, &mut resource))?;
+        check(sys::napi_create_function(env, c"hasRef".as_ptr(), 6, Some(has_ref_cb), ptr::null_mut(), &mut has_ref))?;
+        check(sys::napi_set_named_property(env, resource, c"hasRef".as_ptr(), has_ref))?;
+        // The finalizer holds its own reference, released when Node finalizes.
+        let finalize_data = Arc::into_raw(handle.clone()) as *mut c_void;
+        let created = sys::napi_create_threadsafe_function(
+            env,
+            ptr::null_mut(),
+            resource,
+            name,
+            0,
+            1,
+            finalize_data,
+            Some(finalize),
+            context,
+            Some(settle_one),
+            &mut tsfn,
+        );
+        if created != sys::Status::napi_ok {
+            drop(Arc::from_raw(finalize_data as *const Mutex<Option<usize>>));
+            return Err(Error::new(Status::from(created), "the settler could not be created"));
+        }
+        check(sys::napi_unref_threadsafe_function(env, tsfn))?;
+    }
+    *lock(&handle) = Some(tsfn as usize);
+    PENDING.with(|p| p.set(0));
+    SETTLER.with(|s| *s.borrow_mut() = Some(handle.clone()));
+    Ok(handle)
+}
+
+fn check(status: sys::napi_status) -> Result<()> {
+    if status == sys::Status::napi_ok {
+        Ok(())
+    } else {
+        Err(Error::new(Status::from(status), "a napi call of the settler failed"))
+    }
+}
+
+/// Like `env.spawn_future`: runs `future` on `runtime` and resolves the returned promise
+/// with its output on this JS thread. A panic rejects the promise instead of leaving it
+/// pending forever (which would also keep Node alive).
+pub fn spawn<'env, T, F>(env: &'env Env, runtime: &tokio::runtime::Handle, future: F) -> Result<PromiseRaw<'env, T>>
+where
+    T: ToNapiValue + Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let raw_env = env.raw();
+    let handle = settler(raw_env)?;
+    let mut deferred = ptr::null_mut();
+    let mut promise = ptr::null_mut();
+    unsafe { check(sys::napi_create_promise(raw_env, &mut deferred, &mut promise))? };
+    let first = PENDING.with(|p| {
+        let n = p.get();
+        p.set(n + 1);
+        n == 0
+    });
+    if first {
+        if let Some(tsfn) = *lock(&handle) {
+            unsafe { check(sys::napi_ref_threadsafe_function(raw_env, tsfn as sys::napi_threadsafe_function))? };
+        }
+    }
+    let deferred = deferred as usize;
+    runtime.spawn(async move {
+        let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
+            match AssertUnwindSafe(future).catch_unwind().await {
+                Ok(output) => Box::new(move |env| unsafe { T::to_napi_value(env, output) }),
+                Err(_) => Box::new(|_| Err(Error::from_reason("@dokebi/lock-redis: internal panic"))),
+            };
+        let data = Box::into_raw(Box::new(Settlement { deferred, value }));
+        let guard = lock(&handle);
+        let queued = match *guard {
+            Some(tsfn) => unsafe {
+                sys::napi_call_threadsafe_function(
+                    tsfn as sys::napi_threadsafe_function,
+                    data.cast(),
+                    sys::ThreadsafeFunctionCallMode::nonblocking,
+                ) == sys::Status::napi_ok
+            },
+            None => false,
+        };
+        drop(guard);
+        if !queued {
+            // The environment is gone (or going): nobody can observe this promise.
+            drop(unsafe { Box::from_raw(data) });
+        }
+    });
+    Ok(PromiseRaw::new(raw_env, promise))
+}
