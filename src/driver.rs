@@ -15,7 +15,7 @@ use crate::keys::{self, KeyNames};
 use crate::lease::{new_token, Lease, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
-use crate::scripts::{self, AcquireReply};
+use crate::scripts::{self, AcquireReply, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
 
@@ -287,8 +287,23 @@ impl Driver {
             biased;
             _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
             _ = cancel.cancelled() => Err(LockError::aborted()),
-            _ = place.line.wake.notified() => Ok(()),
+            _ = place.line.wake.notified() => self.head_start(place, cancel).await,
             _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+
+    /// Woken by a release this backend made itself while other processes listen: let
+    /// their first waiters try first, or this process, whose runtime is already awake,
+    /// would win most hand-offs (decision 0010). Counted from our own wake: the other
+    /// processes hear the same notification at about the same moment.
+    async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
+        let Some(head_start) = place.line.head_start() else { return Ok(()) };
+        let inner = &self.inner;
+        tokio::select! {
+            biased;
+            _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
+            _ = cancel.cancelled() => Err(LockError::aborted()),
+            _ = tokio::time::sleep(head_start) => Ok(()),
         }
     }
 
@@ -451,13 +466,17 @@ impl Driver {
 
     /// One release script for `token`: true when it deleted our key.
     pub(crate) async fn release_token(&self, keys: &KeyNames, token: &str) -> Result<bool, LockError> {
+        Ok(matches!(self.run_release(keys, token).await?, ReleaseReply::Deleted { .. }))
+    }
+
+    async fn run_release(&self, keys: &KeyNames, token: &str) -> Result<ReleaseReply, LockError> {
         let call = ScriptCall {
             script: &scripts::RELEASE,
             keys: vec![keys.lock.clone()],
             args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.clone()],
         };
         let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
-        scripts::parse_flag(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
+        scripts::parse_release(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
     }
 
     /// `lease.release()`: true when this call deleted our key, false when it was no longer
@@ -477,12 +496,17 @@ impl Driver {
             let tracked = this.clone();
             // Tracked, so shutdown waits for releases in progress.
             let task = this.inner.tasks.spawn(async move {
-                let released = tracked.release_token(&lease.keys, &lease.token).await;
+                let released = tracked.run_release(&lease.keys, &lease.token).await;
                 // A failed release stays tracked: shutdown tries it again.
                 if released.is_ok() {
                     tracked.inner.leases.remove(lease.id);
                 }
-                released
+                if let Ok(ReleaseReply::Deleted { listeners }) = released {
+                    // Our own subscription is one of the listeners while it is live.
+                    let ours = u64::from(tracked.inner.notify.is_live());
+                    tracked.inner.lines.heard_release(listeners > ours);
+                }
+                released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
             });
             this.counted(task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply()))))
         }

@@ -54,7 +54,25 @@ fn positive_decimal(bytes: &[u8]) -> Option<String> {
     valid.then(|| String::from_utf8(bytes.to_vec()).ok()).flatten()
 }
 
-/// Release and renew answer 1 (done) or 0 (not ours); anything else is unexpected.
+/// What a release reply means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseReply {
+    /// The key was no longer ours.
+    NotOurs,
+    /// This call deleted the key; `listeners` subscriber connections heard the notification.
+    Deleted { listeners: u64 },
+}
+
+/// Release answers 0 (not ours) or 1 + the listeners of its notification.
+pub fn parse_release(reply: &Value) -> Option<ReleaseReply> {
+    match reply {
+        Value::Int(0) => Some(ReleaseReply::NotOurs),
+        Value::Int(n) if *n >= 1 => Some(ReleaseReply::Deleted { listeners: (*n - 1) as u64 }),
+        _ => None,
+    }
+}
+
+/// Renew answers 1 (done) or 0 (not ours); anything else is unexpected.
 pub fn parse_flag(reply: &Value) -> Option<bool> {
     match reply {
         Value::Int(1) => Some(true),
@@ -90,6 +108,16 @@ mod tests {
         assert_eq!(parse_flag(&Value::Int(0)), Some(false));
         assert_eq!(parse_flag(&Value::Int(2)), None);
         assert_eq!(parse_flag(&Value::Nil), None);
+    }
+
+    #[test]
+    fn release_replies_say_whether_it_deleted_and_who_listened() {
+        assert_eq!(parse_release(&Value::Int(0)), Some(ReleaseReply::NotOurs));
+        assert_eq!(parse_release(&Value::Int(1)), Some(ReleaseReply::Deleted { listeners: 0 }));
+        assert_eq!(parse_release(&Value::Int(5)), Some(ReleaseReply::Deleted { listeners: 4 }));
+        for bad in [Value::Int(-1), Value::Nil, Value::Okay, bulk("1")] {
+            assert_eq!(parse_release(&bad), None, "{bad:?}");
+        }
     }
 
     #[test]

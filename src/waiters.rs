@@ -17,6 +17,9 @@ pub struct Lines {
     idle_since: Mutex<Option<Instant>>,
     /// Signalled when the backend goes from idle to waiting or back.
     changed: Notify,
+    /// Whether other processes heard this backend's last release: then its own next waiter
+    /// gives them a head start after its next release (decision 0010).
+    others_listening: AtomicBool,
 }
 
 impl Default for Lines {
@@ -26,6 +29,7 @@ impl Default for Lines {
             next_ticket: AtomicU64::default(),
             idle_since: Mutex::new(Some(Instant::now())),
             changed: Notify::new(),
+            others_listening: AtomicBool::new(false),
         }
     }
 }
@@ -39,6 +43,9 @@ pub struct Line {
     /// The previous first waiter acquired the key: the next one need not ask Redis until a
     /// release is announced.
     held_here: AtomicBool,
+    /// This backend released the key while other processes listen: its own first waiter,
+    /// when the notification wakes it, holds back a moment (decision 0010).
+    yield_next_wake: AtomicBool,
 }
 
 /// A waiter's place in its line; leaving (drop) passes the turn on.
@@ -97,7 +104,15 @@ impl Lines {
     pub fn releasing(&self, hash: &str) {
         if let Some(line) = self.map().get(hash).cloned() {
             line.held_here.store(false, Ordering::Release);
+            if self.others_listening.load(Ordering::Acquire) {
+                line.yield_next_wake.store(true, Ordering::Release);
+            }
         }
+    }
+
+    /// A release by this backend was heard, or not, by other processes.
+    pub fn heard_release(&self, others: bool) {
+        self.others_listening.store(others, Ordering::Release);
     }
 
     /// Wakes the first waiter of the line of `hash`, if there is one.
@@ -128,6 +143,16 @@ impl Lines {
     }
 }
 
+/// How long other processes get to answer this backend's own release of a key first: about
+/// a loopback round trip plus waking a sleeping process on a busy machine (tokio's timer
+/// counts whole milliseconds). `DOKEBI_LOCK_REDIS_HEAD_START_US=0` turns it off.
+fn head_start() -> std::time::Duration {
+    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000)
+    });
+    std::time::Duration::from_micros(*MICROS)
+}
+
 impl Line {
     pub fn mark_held_here(&self) {
         self.held_here.store(true, Ordering::Release);
@@ -135,6 +160,13 @@ impl Line {
 
     pub fn held_here(&self) -> bool {
         self.held_here.load(Ordering::Acquire)
+    }
+
+    /// The head start to give other processes before trying, once, after this backend's
+    /// own release of the key woke its first waiter.
+    pub fn head_start(&self) -> Option<std::time::Duration> {
+        let head_start = head_start();
+        (self.yield_next_wake.swap(false, Ordering::AcqRel) && !head_start.is_zero()).then_some(head_start)
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {

@@ -193,3 +193,46 @@ async fn the_next_waiter_does_not_ask_redis_while_its_predecessor_holds_the_key(
     assert!(released_at.elapsed() < Duration::from_millis(2_000), "woken by the notification");
     d.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
+    let redis = RedisServer::start();
+    // Two backends stand for two processes: each has its own subscription and line.
+    let ours = driver(url(redis.url()), "fair", &SLOW_POLLS);
+    let theirs = driver(url(redis.url()), "fair", &SLOW_POLLS);
+    let mut theirs_first = 0;
+    let rounds = 13;
+    for round in 0..rounds {
+        let held = ours.acquire("k", None, CancellationToken::new()).await.unwrap();
+        let mut our_waiter = tokio::spawn({
+            let d = ours.clone();
+            async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+        });
+        let mut their_waiter = tokio::spawn({
+            let d = theirs.clone();
+            async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+        });
+        eventually("both subscriptions", Duration::from_secs(3), || numsub(&redis, "fair:lock-released") == "2").await;
+        eventually("both waiters", Duration::from_secs(3), || ours.waiters() == 1 && theirs.waiters() == 1).await;
+        // Both heard "busy" and now wait for the release notification.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ours.release(&held).await.unwrap();
+        let (winner, loser, theirs_won) = tokio::select! {
+            lease = &mut our_waiter => (lease.unwrap().unwrap(), their_waiter, false),
+            lease = &mut their_waiter => (lease.unwrap().unwrap(), our_waiter, true),
+        };
+        // The first round teaches the backend that others listen to its releases.
+        if round > 0 && theirs_won {
+            theirs_first += 1;
+        }
+        let (winner_driver, loser_driver) = if theirs_won { (&theirs, &ours) } else { (&ours, &theirs) };
+        assert!(winner_driver.release(&winner).await.unwrap());
+        let last = loser.await.unwrap().unwrap();
+        assert!(loser_driver.release(&last).await.unwrap());
+    }
+    // Without the head start both runtimes race from the same notification and the
+    // releasing one, awake already, wins most; with it, the other backend goes first.
+    assert!(theirs_first >= rounds - 3, "the other backend went first in {theirs_first} of {} hand-offs", rounds - 1);
+    ours.shutdown().await.unwrap();
+    theirs.shutdown().await.unwrap();
+}
