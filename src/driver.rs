@@ -303,7 +303,7 @@ impl Driver {
             biased;
             _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
             _ = cancel.cancelled() => Err(LockError::aborted()),
-            _ = tokio::time::sleep(head_start) => Ok(()),
+            _ = precise_sleep(head_start) => Ok(()),
         }
     }
 
@@ -561,6 +561,15 @@ impl Driver {
 /// poll: the "before" of the contention benchmark (docs/decisions/0007).
 fn notifications_enabled() -> bool {
     std::env::var("DOKEBI_LOCK_REDIS_NOTIFICATIONS").map_or(true, |v| v != "0")
+}
+
+/// tokio's timer counts whole milliseconds (a 300 µs sleep lasts 1–2 ms); a head start
+/// shorter than that sleeps on the blocking pool instead.
+async fn precise_sleep(d: Duration) {
+    if d >= Duration::from_millis(1) {
+        return tokio::time::sleep(d).await;
+    }
+    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
 }
 
 fn wait_timeout() -> LockError {

@@ -143,12 +143,13 @@ impl Lines {
     }
 }
 
-/// How long other processes get to answer this backend's own release of a key first: about
-/// a loopback round trip plus waking a sleeping process on a busy machine (tokio's timer
-/// counts whole milliseconds). `DOKEBI_LOCK_REDIS_HEAD_START_US=0` turns it off.
+/// How long other processes get to answer this backend's own release of a key first, from
+/// the moment its own notification arrives (they hear the same PUBLISH): about what waking
+/// a sleeping process and sending one command takes on a busy 2-core machine (decision
+/// 0010). `DOKEBI_LOCK_REDIS_HEAD_START_US` sets it for experiments; 0 turns it off.
 fn head_start() -> std::time::Duration {
     static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000)
+        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
     });
     std::time::Duration::from_micros(*MICROS)
 }

@@ -232,7 +232,7 @@ async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
     }
     // Without the head start both runtimes race from the same notification and the
     // releasing one, awake already, wins most; with it, the other backend goes first.
-    assert!(theirs_first >= rounds - 3, "the other backend went first in {theirs_first} of {} hand-offs", rounds - 1);
+    assert!(theirs_first >= rounds - 4, "the other backend went first in {theirs_first} of {} hand-offs", rounds - 1);
     ours.shutdown().await.unwrap();
     theirs.shutdown().await.unwrap();
 }
