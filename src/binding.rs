@@ -370,7 +370,10 @@ impl NativeDriver {
         }
         .and_then(|key| Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?)));
         // Started here, on the JS thread, so acquires line up in call order.
-        let acquiring = checked.map(|(key, wait_ms)| driver.acquire(&key, Some(wait_ms), cancel.map(|c| c.token.clone()).unwrap_or_default()));
+        // Boxed: the acquire future is about 1 KB, and unboxed it is copied on every move into the task.
+        let acquiring = checked.map(|(key, wait_ms)| {
+            Box::pin(driver.acquire(&key, Some(wait_ms), cancel.map(|c| c.token.clone()).unwrap_or_default()))
+        });
         settle::spawn(env, runtime(), async move {
             let acquired = match acquiring {
                 Ok(acquiring) => acquiring.await,

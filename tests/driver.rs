@@ -26,12 +26,20 @@ async fn fences_are_exact_decimals_seeded_from_redis_time_and_survive_data_loss(
     assert_eq!(second.fence.parse::<u128>().unwrap(), fence + 1);
     d.release(&second).await.unwrap();
 
-    // A counter far above 2^53 comes back digit for digit.
-    let big = "9007199254740993000";
-    redis.command(&["SET", &format!("fence:lock-fence:{{{}}}", hash("job")), big]);
-    let third = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
-    assert_eq!(third.fence, "9007199254740993001");
-    d.release(&third).await.unwrap();
+    // Around and far above 2^53 (where a Lua double stops being exact) a fence comes back
+    // digit for digit.
+    let fence_key = format!("fence:lock-fence:{{{}}}", hash("job"));
+    for (stored, expected) in [
+        ("9007199254740990", "9007199254740991"),
+        ("9007199254740991", "9007199254740992"),
+        ("9007199254740992", "9007199254740993"),
+        ("9007199254740993000", "9007199254740993001"),
+    ] {
+        redis.command(&["SET", &fence_key, stored]);
+        let lease = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+        assert_eq!(lease.fence, expected);
+        assert!(d.release(&lease).await.unwrap());
+    }
 
     // Data loss: the counter restarts from TIME, still above every fence handed out before.
     redis.command(&["FLUSHALL"]);

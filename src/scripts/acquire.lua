@@ -19,7 +19,11 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
   redis.call('SET', KEYS[2], ms .. '000')
 end
-redis.call('INCR', KEYS[2])
+local fence = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
--- GET, not INCR's reply: INCR's integer would pass through a Lua double.
+-- INCR's integer arrives as a Lua double: exact below 2^53, and '%.0f' prints it in full
+-- (tostring would use %.14g). Above that, read the counter back as Redis stores it.
+if fence < 9007199254740992 then
+  return string.format('%.0f', fence)
+end
 return redis.call('GET', KEYS[2])
