@@ -5,7 +5,7 @@ import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  backend, eventually, failure, fenceKeyOf, lockKeyOf, scriptCalls, sha256hex, subscribe, uniqueNamespace,
+  eventually, failure, fenceKeyOf, lockKeyOf, scriptCalls, sha256hex, subscribe, uniqueNamespace, driverFor as sharedDriverFor,
 } from './helpers/lock.mjs';
 import { external, startRedis } from './helpers/redis.mjs';
 
@@ -18,11 +18,7 @@ before(async () => { redis = await startRedis(); });
 after(() => redis?.stop());
 
 /** A driver on this file's Redis, shut down when the test ends. */
-function driverFor(t, namespace, extra = {}) {
-  const d = createRedisLockDriver(redis.url, backend(namespace, extra));
-  t.after(() => d.shutdown().catch(() => {}));
-  return d;
-}
+const driverFor = (t, namespace, extra) => sharedDriverFor(t, createRedisLockDriver, redis.url, namespace, extra);
 
 /** Redis TIME in microseconds, as a BigInt. */
 async function redisMicros() {
@@ -148,6 +144,9 @@ describe('acquire', () => {
     const ns = uniqueNamespace('flush-held');
     const d = driverFor(t, ns);
     const held = await d.acquire('k');
+    // The re-seeded counter (TIME ms × 1000) is above the old fence only from the next
+    // millisecond on: within the same one both seeds are equal (D-0041's condition).
+    await sleep(2);
     await redis.command('FLUSHALL');
     const next = await d.acquire('k', { waitTimeoutMs: 0 });
     assert.ok(BigInt(next.fence) > BigInt(held.fence));

@@ -7,7 +7,7 @@ import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
-  backend, eventually, failure, fenceKeyOf, lockKeyOf, scriptCalls, uniqueNamespace, within,
+  backend, eventually, failure, fenceKeyOf, lockKeyOf, scriptCalls, uniqueNamespace, within, driverFor as sharedDriverFor,
 } from './helpers/lock.mjs';
 import { external, startRedis } from './helpers/redis.mjs';
 
@@ -21,11 +21,8 @@ before(async () => { redis = await startRedis(); });
 after(() => redis?.stop());
 
 /** A driver whose shutdown is the test's business; a leftover one is shut down after. */
-function driverFor(t, namespace, extra = {}, connection = redis.url) {
-  const d = createRedisLockDriver(connection, backend(namespace, extra));
-  t.after(() => d.shutdown().catch(() => {}));
-  return d;
-}
+const driverFor = (t, namespace, extra, connection = redis.url) =>
+  sharedDriverFor(t, createRedisLockDriver, connection, namespace, extra);
 
 function assertLockError(err, code) {
   assert.ok(err instanceof LockError, `not a LockError: ${err}`);

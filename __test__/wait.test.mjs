@@ -6,7 +6,7 @@ import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  backend, eventually, failure, lockKeyOf, scriptCalls, uniqueNamespace, within,
+  eventually, failure, lockKeyOf, scriptCalls, uniqueNamespace, within, driverFor as sharedDriverFor,
 } from './helpers/lock.mjs';
 import { startRedis } from './helpers/redis.mjs';
 
@@ -16,11 +16,7 @@ let redis;
 before(async () => { redis = await startRedis(); });
 after(() => redis?.stop());
 
-function driverFor(t, namespace, extra = {}) {
-  const d = createRedisLockDriver(redis.url, backend(namespace, extra));
-  t.after(() => d.shutdown().catch(() => {}));
-  return d;
-}
+const driverFor = (t, namespace, extra) => sharedDriverFor(t, createRedisLockDriver, redis.url, namespace, extra);
 
 /** Resolves once Redis has run more scripts than `base`: a waiter has asked. */
 async function scriptsAbove(base) {

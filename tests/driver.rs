@@ -41,7 +41,9 @@ async fn fences_are_exact_decimals_seeded_from_redis_time_and_survive_data_loss(
         assert!(d.release(&lease).await.unwrap());
     }
 
-    // Data loss: the counter restarts from TIME, still above every fence handed out before.
+    // Data loss: the counter restarts from TIME, still above every fence handed out before
+    // (from the next millisecond on: within the same one both seeds are equal, D-0041).
+    tokio::time::sleep(Duration::from_millis(2)).await;
     redis.command(&["FLUSHALL"]);
     let fourth = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
     assert!(fourth.fence.parse::<u128>().unwrap() > fence + 1);

@@ -12,7 +12,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import {
   backend, eventually, failure, fenceKeyOf, lockKeyOf, uniqueNamespace, within,
 } from '../helpers/lock.mjs';
-import { startProxy } from '../helpers/proxy.mjs';
+import { proxyFor } from '../helpers/proxy.mjs';
 import { external, startRedis } from '../helpers/redis.mjs';
 import { assertRedisFailure, loadScripts, monitor, scriptCommands } from './support.mjs';
 
@@ -31,12 +31,6 @@ before(async () => {
 });
 after(() => redis?.stop());
 
-/** A proxy in front of this file's server, closed after the test. */
-async function proxyFor(t, port = redis.port) {
-  const proxy = await startProxy(port);
-  t.after(() => proxy.close());
-  return proxy;
-}
 
 /** A driver through `proxy`, shut down (quickly) after the test. */
 function driverVia(t, proxy, ns, extra = {}) {
@@ -66,7 +60,7 @@ const exists = (key) => redis.command('EXISTS', key);
 
 describe('Redis down before the command', () => {
   test('no connection can be opened: PROVIDER_FAILED, cause CONNECTION_FAILED not-submitted, retryable 503; nothing reached Redis', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const m = await monitorFor(t);
     const ns = uniqueNamespace('down');
     const d = driverVia(t, proxy, ns);
@@ -83,7 +77,7 @@ describe('Redis down before the command', () => {
   });
 
   test('a waiting acquire rides it out: PROVIDER_FAILED when its wait ends, or the lock once Redis is reachable again', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('down-wait');
     const d = driverVia(t, proxy, ns, { pollIntervalMs: 20 });
     proxy.refuse();
@@ -106,7 +100,7 @@ describe('Redis down before the command', () => {
   test('a connection that died while idle: the next acquire was never sent, so it is PROVIDER_FAILED not-submitted', {
     skip,
   }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('idle-dead');
     const d = driverVia(t, proxy, ns);
     await warmUp(d);
@@ -126,7 +120,7 @@ describe('Redis down before the command', () => {
   test('a connection that died while idle, Redis reachable again: a waiting acquire gets the lock', {
     skip,
   }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('idle-dead-wait');
     const d = driverVia(t, proxy, ns);
     await warmUp(d);
@@ -143,7 +137,7 @@ describe('Redis down before the command', () => {
 
 describe('stall after write', () => {
   test('a reply held past commandTimeoutMs: OUTCOME_UNKNOWN at commandTimeoutMs, one attempt only, no lease, and the late acquire is released by token once replies flow', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const m = await monitorFor(t);
     const ns = uniqueNamespace('stall');
     const key = 'stalled-key';
@@ -184,7 +178,7 @@ describe('stall after write', () => {
   });
 
   test('waitTimeoutMs 0 is one real attempt too: OUTCOME_UNKNOWN at commandTimeoutMs, not LOCK_BUSY', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('stall-zero');
     const d = driverVia(t, proxy, ns);
     await warmUp(d);
@@ -199,7 +193,7 @@ describe('stall after write', () => {
   test('a reply lost for good (dropped): the acquire that took effect is still released by token, well before leaseMs', {
     skip,
   }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('drop');
     const lockKey = lockKeyOf(ns, 'k');
     const d = driverVia(t, proxy, ns);
@@ -217,7 +211,7 @@ describe('stall after write', () => {
 
 describe('connection cut mid-reply', () => {
   test('an acquire reply cut after 3 bytes: OUTCOME_UNKNOWN CONNECTION_LOST, one attempt, no lease, released by token at once', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const m = await monitorFor(t);
     const ns = uniqueNamespace('cut');
     const lockKey = lockKeyOf(ns, 'k');
@@ -236,7 +230,7 @@ describe('connection cut mid-reply', () => {
   });
 
   test('cut at every byte of a fence reply: never a lease, never a truncated fence, always cleaned up', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('cut-every');
     const d = driverVia(t, proxy, ns);
     await warmUp(d);
@@ -260,7 +254,7 @@ describe('connection cut mid-reply', () => {
   });
 
   test('a renew whose reply is cut or held: OUTCOME_UNKNOWN, and the lease stays invalid when a late confirmation arrives', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('renew-faults');
     const d = driverVia(t, proxy, ns);
 
@@ -286,7 +280,7 @@ describe('connection cut mid-reply', () => {
   });
 
   test('a release whose reply is cut: OUTCOME_UNKNOWN, the lease is invalid, and shutdown confirms the key is gone', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('release-cut');
     const d = driverVia(t, proxy, ns);
     const lease = await d.acquire('k');
@@ -304,7 +298,7 @@ describe('connection cut mid-reply', () => {
 
 describe('latency', () => {
   test('deadlines count from submission: with 100 ms each way, remainingMs starts at most leaseMs - 200 and never exceeds the PTTL in Redis', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('latency');
     const d = driverVia(t, proxy, ns, { leaseMs: 2000 });
     await warmUp(d);
@@ -320,7 +314,7 @@ describe('latency', () => {
   });
 
   test('latency past commandTimeoutMs: OUTCOME_UNKNOWN, and the late acquire is released once its reply lands', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('latency-slow');
     const d = driverVia(t, proxy, ns);
     await warmUp(d);
@@ -336,7 +330,7 @@ describe('latency', () => {
 
 describe('connections cut while waiters wait', () => {
   test('every waiter settles within its wait (+ commandTimeoutMs), none with a lease it does not hold', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('cut-waiters');
     const holder = createRedisLockDriver(redis.url, backend(ns));
     t.after(() => holder.shutdown().catch(() => {}));
@@ -361,7 +355,7 @@ describe('connections cut while waiters wait', () => {
   test('waiters whose connections were cut (Redis fine) keep waiting and get the lock when it is released', {
     skip,
   }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('cut-waiters-recover');
     const holder = createRedisLockDriver(redis.url, backend(ns));
     t.after(() => holder.shutdown().catch(() => {}));

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
-import { startProxy } from '../helpers/proxy.mjs';
+import { proxyFor } from '../helpers/proxy.mjs';
 import { external, startRedis } from '../helpers/redis.mjs';
 import { rawClient } from './support.mjs';
 
@@ -14,11 +14,6 @@ let redis;
 before(async () => { if (!external) redis = await startRedis(); });
 after(() => redis?.stop());
 
-async function proxyFor(t, port = redis.port) {
-  const proxy = await startProxy(port);
-  t.after(() => proxy.close());
-  return proxy;
-}
 
 /** A raw socket through the proxy that collects every byte it receives. */
 function socketTo(port) {
@@ -34,7 +29,7 @@ function socketTo(port) {
 }
 
 test('forwards both ways, logs the commands and counts connections and bytes', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const c = await rawClient(proxy.port);
   t.after(() => c.close());
   assert.equal(await c.call('SET', 'proxied', 'välue'), 'OK');
@@ -50,7 +45,7 @@ test('forwards both ways, logs the commands and counts connections and bytes', {
 });
 
 test('refuse() resets new connections at once; accept() lets them in again; open ones stay', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const open = await rawClient(proxy.port);
   t.after(() => open.close());
   proxy.refuse();
@@ -72,7 +67,7 @@ test('refuse() resets new connections at once; accept() lets them in again; open
 });
 
 test('stallAfterWrite() lets the command run but holds its reply until release()', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const c = await rawClient(proxy.port);
   t.after(() => c.close());
   await c.call('PING');
@@ -90,7 +85,7 @@ test('stallAfterWrite() lets the command run but holds its reply until release()
 });
 
 test('stallAfterWrite({ drop: true }) discards replies; after release() new replies flow', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const c = await rawClient(proxy.port);
   t.after(() => c.close());
   proxy.stallAfterWrite({ drop: true });
@@ -107,7 +102,7 @@ test('stallAfterWrite({ drop: true }) discards replies; after release() new repl
 });
 
 test('cutMidReply() forwards part of the next reply and closes the connection', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   await redis.command('SET', 'long-value', 'x'.repeat(100));
   const { socket, got, closed } = await socketTo(proxy.port);
   const cut = proxy.cutMidReply({ after: 'GET', bytes: 7 });
@@ -122,7 +117,7 @@ test('cutMidReply() forwards part of the next reply and closes the connection', 
 });
 
 test('cutMidReply({ after }) spares other commands and other connections', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const a = await rawClient(proxy.port);
   const b = await rawClient(proxy.port);
   t.after(() => { a.close(); b.close(); });
@@ -135,7 +130,7 @@ test('cutMidReply({ after }) spares other commands and other connections', { ski
 });
 
 test('latency(ms) delays each direction and keeps the order', { skip }, async (t) => {
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const c = await rawClient(proxy.port);
   t.after(() => c.close());
   await c.call('PING');
@@ -156,7 +151,7 @@ test('killAll() closes every open connection; retarget() sends new ones to anoth
   t.after(() => other.stop());
   await other.command('SET', 'where', 'other');
   await redis.command('SET', 'where', 'first');
-  const proxy = await proxyFor(t);
+  const proxy = await proxyFor(t, redis.port);
   const a = await rawClient(proxy.port);
   assert.equal(await a.call('GET', 'where'), 'first');
   proxy.retarget(other.port);

@@ -9,7 +9,7 @@ import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { backend, eventually, failure, lockKeyOf, uniqueNamespace, within } from '../helpers/lock.mjs';
-import { startProxy } from '../helpers/proxy.mjs';
+import { proxyFor } from '../helpers/proxy.mjs';
 import { external, startRedis } from '../helpers/redis.mjs';
 import { loadScripts } from './support.mjs';
 
@@ -26,17 +26,12 @@ before(async () => {
 });
 after(() => redis?.stop());
 
-async function proxyFor(t) {
-  const proxy = await startProxy(redis.port);
-  t.after(() => proxy.close());
-  return proxy;
-}
 
 const exists = (key) => redis.command('EXISTS', key);
 
 describe('shutdown while Redis stalls', () => {
   test('replies held: CLEANUP_TIMEOUT at shutdownTimeoutMs, the acquire in flight gets SHUT_DOWN, and its late lock is released once replies flow', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('sd-stall');
     const d = createRedisLockDriver({ url: proxy.url, commandTimeoutMs: 250 }, backend(ns, { shutdownTimeoutMs: 400, leaseMs: 20_000 }));
     const held = await d.acquire('held');
@@ -58,7 +53,7 @@ describe('shutdown while Redis stalls', () => {
   });
 
   test('Redis unreachable: the release is retried past CLEANUP_TIMEOUT and lands once Redis is back', { skip }, async (t) => {
-    const proxy = await proxyFor(t);
+    const proxy = await proxyFor(t, redis.port);
     const ns = uniqueNamespace('sd-refused');
     const d = createRedisLockDriver({ url: proxy.url, commandTimeoutMs: 250, connectTimeoutMs: 250 },
       backend(ns, { shutdownTimeoutMs: 400, leaseMs: 20_000, pollIntervalMs: 20 }));
@@ -122,7 +117,7 @@ describe('a process that shuts down while Redis stalls', () => {
 
   for (const mode of ['held', 'dropped']) {
     test(`replies ${mode}: shutdown rejects CLEANUP_TIMEOUT at shutdownTimeoutMs and the process exits by itself`, { skip }, async (t) => {
-      const proxy = await proxyFor(t);
+      const proxy = await proxyFor(t, redis.port);
       const ns = uniqueNamespace(`sd-child-${mode}`);
       const run = runChild(proxy.url, ns);
       t.after(() => run.child.kill('SIGKILL'));

@@ -17,6 +17,17 @@ export function backend(namespace, extra = {}) {
   return { driver: 'redis', connection: 'main', namespace, ...extra };
 }
 
+/**
+ * A driver made by `create` (the package's createRedisLockDriver: this file does not load
+ * the package) for `connection` and `backend(namespace, extra)`, shut down when the test
+ * `t` ends.
+ */
+export function driverFor(t, create, connection, namespace, extra = {}, logger = undefined) {
+  const d = create(connection, backend(namespace, extra), logger);
+  t.after(() => d.shutdown().catch(() => {}));
+  return d;
+}
+
 export const sha256hex = (key) => createHash('sha256').update(key, 'utf8').digest('hex');
 export const lockKeyOf = (namespace, key) => `${namespace}:lock:{${sha256hex(key)}}`;
 export const fenceKeyOf = (namespace, key) => `${namespace}:lock-fence:{${sha256hex(key)}}`;

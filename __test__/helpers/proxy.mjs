@@ -311,3 +311,10 @@ export async function startProxy(target, { host = HOST } = {}) {
   };
   return proxy;
 }
+
+/** A proxy in front of `port`, closed when the test `t` ends. */
+export async function proxyFor(t, port) {
+  const proxy = await startProxy(port);
+  t.after(() => proxy.close());
+  return proxy;
+}
