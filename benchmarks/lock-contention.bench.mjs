@@ -17,16 +17,17 @@
 // the table and PASS/FAIL per target of the issue. See the worker for the hold and the
 // clock. Needs a release build (npm run build) and the dev dependencies.
 
-import { execFileSync, fork } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { fork } from 'node:child_process';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..');
+import {
+  addonInfo, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, processBusy, root, round,
+} from './lib.mjs';
+
 const now = () => performance.timeOrigin + performance.now();
 
 // ------------------------------------------------------------------ options ----
@@ -89,92 +90,12 @@ const ADMIN = (cmd) => cmd === 'info' || cmd.startsWith('config') || cmd.startsW
 
 // ------------------------------------------------------------------ helpers ----
 
-function parseInfo(text) {
-  const fields = {};
-  const commands = {};
-  for (const line of text.split('\r\n')) {
-    if (!line || line.startsWith('#')) continue;
-    const i = line.indexOf(':');
-    const k = line.slice(0, i);
-    const v = line.slice(i + 1);
-    if (k.startsWith('cmdstat_')) {
-      commands[k.slice(8)] = Number(/calls=(\d+)/.exec(v)[1]);
-    } else fields[k] = v;
-  }
-  return { fields, commands };
-}
-
-function percentile(sorted, p) {
-  if (sorted.length === 0) return null;
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
-  return sorted[i];
-}
-
-function median(values) {
-  const v = values.filter((x) => x !== null && x !== undefined && !Number.isNaN(x)).sort((a, b) => a - b);
-  if (v.length === 0) return null;
-  const m = Math.floor(v.length / 2);
-  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
-const round = (x, d = 3) => (x === null || x === undefined ? x : Number.isFinite(x) ? Number(x.toFixed(d)) : x);
+// INFO's fields and its commandstats calls.
+const infoOf = (text) => ({ fields: parseInfo(text), commands: commandStats(text) });
 const sortNum = (a) => a.sort((x, y) => x - y);
-
-function pkgVersion(name) {
-  try {
-    return JSON.parse(readFileSync(path.join(root, 'node_modules', name, 'package.json'), 'utf8')).version;
-  } catch {
-    return null;
-  }
-}
-
-// Section names of an ELF64 little-endian file (enough to tell a debug build: .debug_info).
-function elfSections(buf) {
-  if (buf.readUInt32BE(0) !== 0x7f454c46 || buf[4] !== 2 || buf[5] !== 1) return [];
-  const shoff = Number(buf.readBigUInt64LE(0x28));
-  const shentsize = buf.readUInt16LE(0x3a);
-  const shnum = buf.readUInt16LE(0x3c);
-  const shstrndx = buf.readUInt16LE(0x3e);
-  const header = (i) => shoff + i * shentsize;
-  const strOff = Number(buf.readBigUInt64LE(header(shstrndx) + 0x18));
-  const names = [];
-  for (let i = 0; i < shnum; i++) {
-    const nameOff = strOff + buf.readUInt32LE(header(i));
-    names.push(buf.toString('latin1', nameOff, buf.indexOf(0, nameOff)));
-  }
-  return names;
-}
-
-// The addon this run measures (the repo is shared: it may be rebuilt under us).
-function addonInfo() {
-  const file = path.join(root, 'lock-redis.linux-x64-gnu.node');
-  try {
-    const buf = readFileSync(file);
-    return {
-      file: path.basename(file), bytes: buf.length, mtime: statSync(file).mtime.toISOString(),
-      sha256: createHash('sha256').update(buf).digest('hex').slice(0, 16),
-      build: elfSections(buf).includes('.debug_info') ? 'debug' : 'release',
-    };
-  } catch (err) {
-    return { file: path.basename(file), error: String(err.message) };
-  }
-}
-
-function gitInfo() {
-  const git = (...a) => { try { return execFileSync('git', a, { cwd: root, encoding: 'utf8' }).trim(); } catch { return null; } };
-  return { head: git('rev-parse', 'HEAD'), dirty: git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock', 'index.js', 'binding.js')?.split('\n').filter(Boolean) ?? null };
-}
 
 // ---------------------------------------------------------------- one run ----
 
-// CPU seconds, to show how much of the machine something else used during a run (the
-// machine is shared): busy jiffies of the whole machine and of our own processes.
-const TICK = 100; // USER_HZ
-function machineBusy() {
-  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
-  const [user, nice, system, idle, iowait, irq, softirq, steal] = f;
-  return { busy: (user + nice + system + irq + softirq) / TICK, steal: (steal ?? 0) / TICK };
-}
 // Waits until the machine is quiet: 3 consecutive 1 s windows in which processes other
 // than ours used less than `share` of it. Gives up after `maxMs` (the run is then judged
 // by its own CPU accounting).
@@ -188,17 +109,6 @@ async function waitForQuiet(ours, share, maxMs) {
     quiet = other < share ? quiet + 1 : 0;
   }
   return quiet >= 3;
-}
-
-function processBusy(pids) {
-  let s = 0;
-  for (const pid of pids) {
-    try {
-      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-      s += (Number(f[11]) + Number(f[12])) / TICK; // utime, stime
-    } catch { /* gone */ }
-  }
-  return s;
 }
 
 const children = new Set();
@@ -248,7 +158,7 @@ async function runOne(server, cfg, rep, opts) {
     await Promise.all(ready);
 
     await server.command('CONFIG', 'RESETSTAT');
-    const before = parseInfo(await server.command('INFO', 'stats', 'commandstats'));
+    const before = infoOf(await server.command('INFO', 'stats', 'commandstats'));
     const startAt = now() + 150;
     const endAt = startAt + opts.seconds * 1000;
     const results = procs.map((c) => nextMessage(c, 'result', opts.seconds * 1000 + 30_000));
@@ -259,11 +169,11 @@ async function runOne(server, cfg, rep, opts) {
     // Who listens for releases, a second in (dokebi-after: one subscription per process).
     await sleep(Math.max(0, startAt + Math.min(1000, opts.seconds * 500) - now()));
     const numsub = await server.command('PUBSUB', 'NUMSUB', 'bench:lock-released');
-    const connected = parseInfo(await server.command('INFO', 'clients')).fields.connected_clients;
+    const connected = infoOf(await server.command('INFO', 'clients')).fields.connected_clients;
 
     await sleep(Math.max(0, endAt - now()));
     const sampledAt = now();
-    const after = parseInfo(await server.command('INFO', 'stats', 'commandstats'));
+    const after = infoOf(await server.command('INFO', 'stats', 'commandstats'));
     const cpu1 = { machine: machineBusy(), ours: processBusy(ours) };
     const span = (sampledAt - startAt + 150) / 1000;
     const cores = os.cpus().length;
@@ -524,7 +434,7 @@ async function main() {
   // The harness already passes --save "" --appendonly no.
   const server = await startRedis();
   try {
-    const serverInfo = parseInfo(await server.command('INFO', 'server')).fields;
+    const serverInfo = infoOf(await server.command('INFO', 'server')).fields;
     const persistence = {
       save: (await server.command('CONFIG', 'GET', 'save'))[1],
       appendonly: (await server.command('CONFIG', 'GET', 'appendonly'))[1],

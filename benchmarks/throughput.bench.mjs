@@ -44,7 +44,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   here, root, packageDir, median, round, spread, parseInfo, pkgVersion, addonInfo, gitInfo, machineInfo, commandVersion, cpuWindow,
-} from './throughput-lib.mjs';
+} from './lib.mjs';
 import { chartSvg } from './throughput-chart.mjs';
 
 // ------------------------------------------------------------------ options ----

@@ -20,7 +20,7 @@ import { readFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Samples, root } from './throughput-lib.mjs';
+import { Samples, root } from './lib.mjs';
 
 const require = createRequire(import.meta.url);
 const now = () => performance.now();

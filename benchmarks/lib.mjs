@@ -1,6 +1,5 @@
-// Helpers of benchmarks/throughput.bench.mjs and its worker: statistics, machine and
-// version facts, CPU accounting from /proc. The conventions (and several functions) follow
-// benchmarks/lock-contention.bench.mjs, which cannot be imported (it runs when loaded).
+// Helpers shared by the benchmarks (lock-contention, throughput and their workers):
+// statistics, machine and version facts, CPU accounting from /proc.
 
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -81,6 +80,13 @@ export function parseInfo(text) {
     fields[line.slice(0, i)] = line.slice(i + 1);
   }
   return fields;
+}
+
+/** `calls=` per command of an INFO commandstats section, by lowercase command name. */
+export function commandStats(text) {
+  const commands = {};
+  for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) commands[m[1]] = Number(m[2]);
+  return commands;
 }
 
 export function pkgVersion(name) {
