@@ -229,6 +229,7 @@ impl Driver {
         loop {
             if skip_attempt {
                 skip_attempt = false;
+                place.mark_waiting();
                 inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
                 let delay = self.safety_interval().min(deadline.saturating_duration_since(Instant::now()));
                 self.pause(place, delay, &cancel).await?;
@@ -253,6 +254,7 @@ impl Driver {
                 Attempt::Busy(pttl) => {
                     last_failure = None;
                     // Really waiting now: listen for releases instead of polling fast.
+                    place.mark_waiting();
                     inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
                     match pttl {
                         // Expired or gone in between: try again at once.

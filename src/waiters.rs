@@ -13,8 +13,10 @@ use crate::error::{LockError, LockErrorCode};
 pub struct Lines {
     lines: Mutex<HashMap<String, Arc<Line>>>,
     next_ticket: AtomicU64,
-    /// When the last waiter left; `None` while anyone waits.
-    idle_since: Mutex<Option<Instant>>,
+    /// Acquires that really wait (see [`Place::mark_waiting`]), and when the last of them
+    /// left (`None` while any waits). Uncontended acquires never count: a steady stream of
+    /// them must not keep a subscription open.
+    waiting: Mutex<(usize, Option<Instant>)>,
     /// Signalled when the backend goes from idle to waiting or back.
     changed: Notify,
     /// Whether other processes heard this backend's last release: then its own next waiter
@@ -27,7 +29,7 @@ impl Default for Lines {
         Self {
             lines: Mutex::default(),
             next_ticket: AtomicU64::default(),
-            idle_since: Mutex::new(Some(Instant::now())),
+            waiting: Mutex::new((0, Some(Instant::now()))),
             changed: Notify::new(),
             others_listening: AtomicBool::new(false),
         }
@@ -55,6 +57,7 @@ pub struct Place {
     pub line: Arc<Line>,
     ticket: u64,
     turn: Arc<Notify>,
+    waiting: AtomicBool,
 }
 
 impl Lines {
@@ -66,9 +69,6 @@ impl Lines {
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
     pub fn join(self: &Arc<Self>, hash: &str, only_if_empty: bool) -> Result<Place, LockError> {
         let mut map = self.map();
-        if map.is_empty() {
-            self.set_idle(None);
-        }
         let line = map.entry(hash.to_owned()).or_default().clone();
         let mut queue = line.queue();
         if only_if_empty && !queue.is_empty() {
@@ -76,23 +76,46 @@ impl Lines {
         }
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let turn = Arc::new(Notify::new());
-        if queue.is_empty() {
+        let behind_others = !queue.is_empty();
+        if !behind_others {
             turn.notify_one();
         }
         queue.push_back((ticket, turn.clone()));
         drop(queue);
         drop(map);
-        Ok(Place { lines: self.clone(), hash: hash.to_owned(), line, ticket, turn })
+        let place = Place { lines: self.clone(), hash: hash.to_owned(), line, ticket, turn, waiting: AtomicBool::new(false) };
+        if behind_others {
+            place.mark_waiting();
+        }
+        Ok(place)
     }
 
-    fn set_idle(&self, since: Option<Instant>) {
-        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = since;
-        self.changed.notify_one();
+    fn waiting(&self) -> std::sync::MutexGuard<'_, (usize, Option<Instant>)> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When the last waiter of this backend left, or `None` while anyone waits.
+    fn start_waiting(&self) {
+        let mut waiting = self.waiting();
+        waiting.0 += 1;
+        if waiting.0 == 1 {
+            waiting.1 = None;
+            self.changed.notify_one();
+        }
+    }
+
+    fn stop_waiting(&self) {
+        let mut waiting = self.waiting();
+        waiting.0 = waiting.0.saturating_sub(1);
+        if waiting.0 == 0 {
+            waiting.1 = Some(Instant::now());
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the last acquire of this backend that really waited left, or `None` while one
+    /// waits.
     pub fn idle_since(&self) -> Option<Instant> {
-        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiting().1
     }
 
     /// Resolves when the backend went from idle to waiting or back.
@@ -180,10 +203,21 @@ impl Place {
     pub async fn turn(&self) {
         self.turn.notified().await;
     }
+
+    /// This acquire really waits: it queued behind another, or Redis said busy. Until the
+    /// last such acquire leaves, the backend is not idle (the subscription stays).
+    pub fn mark_waiting(&self) {
+        if !self.waiting.swap(true, Ordering::AcqRel) {
+            self.lines.start_waiting();
+        }
+    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
+        if *self.waiting.get_mut() {
+            self.lines.stop_waiting();
+        }
         let mut map = self.lines.map();
         let mut queue = self.line.queue();
         let Some(pos) = queue.iter().position(|(t, _)| *t == self.ticket) else { return };
@@ -196,9 +230,6 @@ impl Drop for Place {
         if queue.is_empty() {
             drop(queue);
             map.remove(&self.hash);
-            if map.is_empty() {
-                self.lines.set_idle(Some(Instant::now()));
-            }
         }
     }
 }

@@ -59,6 +59,37 @@ async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquires_do_not_keep_the_subscription_open_after_the_last_waiter_left() {
+    let redis = RedisServer::start();
+    let d = driver(url(redis.url()), "stream", &SLOW_POLLS);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
+    });
+    eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "stream:lock-released") == "1").await;
+    d.release(&held).await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    d.release(&lease).await.unwrap();
+    // The last waiter has left. Uncontended acquires every 200 ms for 2.5 s are not waiters:
+    // the subscription closes about 1 s after the waiter left, while they go on.
+    let left_at = Instant::now();
+    let mut closed_after = None;
+    for i in 0..12 {
+        let lease = d.acquire(&format!("other-{i}"), None, CancellationToken::new()).await.unwrap();
+        d.release(&lease).await.unwrap();
+        if closed_after.is_none() && numsub(&redis, "stream:lock-released") == "0" {
+            closed_after = Some(left_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let closed_after = closed_after.expect("the subscription stayed open under uncontended acquires");
+    assert!(closed_after >= Duration::from_millis(900), "closed after {closed_after:?}, before its idle second");
+    assert_eq!(d.subscription_state(), SubscriptionState::Off);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_published_by_another_driver_wakes_our_waiter() {
     let redis = RedisServer::start();
     let d = driver(url(redis.url()), "foreign", &SLOW_POLLS);
