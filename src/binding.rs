@@ -21,10 +21,6 @@ use crate::options::{self, Raw};
 
 mod settle;
 
-/// Futures, replies and leases are allocated on the tokio thread and freed on the JS thread;
-/// glibc malloc serialises that on its arena locks (docs/decisions/0014).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A RedisError-shaped cause, as @dokebi/redis shapes its own.
 #[napi(object)]
@@ -254,26 +250,23 @@ fn install_log_layer() {
 
 // --- runtime ---------------------------------------------------------------------------
 
-/// The tokio runtime every driver of this process runs on (docs/decisions/0011).
-#[napi_derive::module_init]
-fn init_runtime() {
+/// The tokio runtime every driver of this process runs on (docs/decisions/0011, 0014). The
+/// addon owns it for the life of the process and never hands it to napi-rs: napi-rs shuts
+/// its runtime down when the last environment using the addon goes away, and a worker
+/// thread started after that would spawn onto a stopped runtime, its promises never
+/// settling. A static is never dropped, so this one runs until the process exits.
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name("dokebi-lock-redis")
         .enable_all()
         .build()
-        .expect("a tokio runtime can be built");
-    let _ = RUNTIME.set(runtime.handle().clone());
-    create_custom_tokio_runtime(runtime);
-}
-
-/// A handle that outlives napi's access to the runtime: spawning through it after the
-/// runtime stopped drops the task instead of panicking (env cleanup hooks run late).
-static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+        .expect("a tokio runtime can be built")
+});
 
 fn runtime() -> &'static tokio::runtime::Handle {
-    RUNTIME.get().expect("module_init sets the runtime before any call")
+    RUNTIME.handle()
 }
 
 // --- driver ----------------------------------------------------------------------------
@@ -334,8 +327,8 @@ pub fn create_driver(
     if in_worker_thread {
         let weak = driver.downgrade();
         env.add_env_cleanup_hook((), move |()| {
-            if let (Some(driver), Some(runtime)) = (weak.upgrade(), RUNTIME.get()) {
-                runtime.spawn(async move {
+            if let Some(driver) = weak.upgrade() {
+                runtime().spawn(async move {
                     let _ = driver.shutdown().await;
                 });
             }

@@ -6,6 +6,7 @@
 // and its driver is shut down with it.
 
 import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 import { after, before, test } from 'node:test'
@@ -137,3 +138,24 @@ test('a terminated worker\'s driver stops: its waiter never takes the key, its c
       await main.shutdown()
     }
   })
+
+// The runtime belongs to the addon for the life of the process: when the only threads using
+// the addon are workers, the next worker must still be served after the previous one exited
+// (napi-rs stops the runtime it is given once no environment uses the addon any more).
+test('with only worker threads using the addon, workers started one after another all lock and the process exits by itself', async () => {
+  const ns = namespace('only-workers')
+  const script = path.join(import.meta.dirname, 'workers', 'only-workers.mjs')
+  const { stdout } = await new Promise((resolve, reject) => {
+    execFile(process.execPath, [script, redis.url, ns, '3'], { timeout: 30_000 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`the process did not end well (${err.signal ?? err.code}): ${stdout}${stderr}`))
+      else resolve({ stdout })
+    })
+  })
+  const reports = stdout.trim().split('\n').map((line) => JSON.parse(line))
+  assert.equal(reports.length, 3)
+  for (const r of reports) {
+    assert.equal(r.code, 0, `worker ${r.id} exited by itself`)
+    assert.equal(r.error, null, r.error)
+    assert.equal(r.releasedAll, true)
+  }
+})
