@@ -147,16 +147,14 @@ where
     let mut deferred = ptr::null_mut();
     let mut promise = ptr::null_mut();
     unsafe { check(sys::napi_create_promise(raw_env, &mut deferred, &mut promise))? };
-    let first = PENDING.with(|p| {
-        let n = p.get();
-        p.set(n + 1);
-        n == 0
-    });
-    if first {
+    // Counted only once the ref (for the first pending promise) took: a count left too high
+    // would keep the settler ref'd, and Node alive, for good.
+    if PENDING.with(|p| p.get()) == 0 {
         if let Some(tsfn) = *lock(&handle) {
             unsafe { check(sys::napi_ref_threadsafe_function(raw_env, tsfn as sys::napi_threadsafe_function))? };
         }
     }
+    PENDING.with(|p| p.set(p.get() + 1));
     let deferred = deferred as usize;
     runtime.spawn(async move {
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
