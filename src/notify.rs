@@ -140,8 +140,14 @@ impl Notifier {
                 },
                 _ = lines.changed(), if idle_until.is_none() => {}
                 _ = sleep_until_opt(idle_until) => {
+                    // Decided under the state lock: a waiter marks itself waiting before it
+                    // calls `ensure()`, so either it is seen here and the subscription stays,
+                    // or `ensure()` runs after this and finds Off and subscribes again. It
+                    // never sleeps on a subscription that is going away.
+                    let mut state = self.lock();
                     if lines.idle_since().is_some_and(|since| since.elapsed() >= IDLE_UNSUBSCRIBE) {
-                        break;
+                        *state = SubscriptionState::Off;
+                        return; // dropping the stream closes the subscribe connection
                     }
                 }
             }
