@@ -290,7 +290,12 @@ impl Driver {
             _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
             _ = cancel.cancelled() => Err(LockError::aborted()),
             _ = place.line.wake.notified() => self.head_start(place, cancel).await,
-            _ = tokio::time::sleep(delay) => Ok(()),
+            _ = tokio::time::sleep(delay) => {
+                // A head start owed to a release whose notification never came is void: it
+                // must not delay a later, unrelated wake.
+                place.line.forget_head_start();
+                Ok(())
+            }
         }
     }
 

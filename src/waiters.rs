@@ -193,6 +193,10 @@ impl Line {
         (self.yield_next_wake.swap(false, Ordering::AcqRel) && !head_start.is_zero()).then_some(head_start)
     }
 
+    pub fn forget_head_start(&self) {
+        self.yield_next_wake.store(false, Ordering::Release);
+    }
+
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
