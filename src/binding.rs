@@ -21,6 +21,11 @@ use crate::options::{self, Raw};
 
 mod settle;
 
+/// Futures, replies and leases are allocated on the tokio thread and freed on the JS thread;
+/// glibc malloc serialises that on its arena locks (docs/decisions/0014).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 
 /// A RedisError-shaped cause, as @dokebi/redis shapes its own.
 #[napi(object)]
