@@ -17,6 +17,12 @@ fn numsub(redis: &RedisServer, channel: &str) -> String {
     reply.rsplit(':').next().unwrap_or_default().trim().to_owned()
 }
 
+/// An acquire of `key` waiting up to 8 s, in its own task.
+fn waiter(d: &dokebi_lock_redis::Driver, key: &str) -> tokio::task::JoinHandle<Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError>> {
+    let (d, key) = (d.clone(), key.to_owned());
+    tokio::spawn(async move { d.acquire(&key, Some(8_000), CancellationToken::new()).await })
+}
+
 /// Safety polls so slow that only a notification can explain a quick wake-up.
 const SLOW_POLLS: [(&str, f64); 2] = [("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)];
 
@@ -38,10 +44,7 @@ async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
     let redis = RedisServer::start();
     let d = driver(url(redis.url()), "wake", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let d = d.clone();
-        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
-    });
+    let waiter = waiter(&d, "k");
     eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "wake:lock-released") == "1").await;
     // The subscription is confirmed; give the confirmation's re-check time to come back busy.
     eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
@@ -63,10 +66,7 @@ async fn uncontended_acquires_do_not_keep_the_subscription_open_after_the_last_w
     let redis = RedisServer::start();
     let d = driver(url(redis.url()), "stream", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let d = d.clone();
-        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
-    });
+    let waiter = waiter(&d, "k");
     eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "stream:lock-released") == "1").await;
     d.release(&held).await.unwrap();
     let lease = waiter.await.unwrap().unwrap();
@@ -95,10 +95,7 @@ async fn a_release_published_by_another_driver_wakes_our_waiter() {
     let d = driver(url(redis.url()), "foreign", &SLOW_POLLS);
     let lock_key = format!("foreign:lock:{{{}}}", hash("k"));
     redis.command(&["SET", &lock_key, "a-typescript-driver-token", "PX", "60000"]);
-    let waiter = tokio::spawn({
-        let d = d.clone();
-        async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
-    });
+    let waiter = waiter(&d, "k");
     eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
     let released_at = Instant::now();
     redis.command(&["DEL", &lock_key]);
