@@ -212,3 +212,46 @@ export function cpuWindow(pids, redisPid) {
     },
   };
 }
+
+// --------------------------------------------------------------- running ----
+
+/**
+ * The child processes of a benchmark run (workers, redis-benchmark): killed if the run exits
+ * or is interrupted before they end. `add(child)` tracks one until it exits.
+ */
+export function childProcesses() {
+  const children = new Set();
+  const killAll = () => {
+    for (const c of children) {
+      try { c.kill('SIGKILL'); } catch { /* gone */ }
+    }
+  };
+  process.on('exit', killAll);
+  for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { killAll(); process.exit(130); });
+  return {
+    add(child) {
+      children.add(child);
+      child.once('exit', () => children.delete(child));
+      return child;
+    },
+    killAll,
+  };
+}
+
+/** Runs a benchmark's `main`: exit 0 when it is done; on failure print it, kill the children, exit 1. */
+export function runMain(main, children) {
+  main().then(() => process.exit(0), (err) => {
+    console.error(err);
+    children.killAll();
+    process.exit(1);
+  });
+}
+
+/** The "## Targets" section of a results .md, or nothing without verdicts. */
+export function targetsSection(verdicts) {
+  if (!verdicts.length) return [];
+  return ['## Targets', '', '| target | result | measured |', '|---|---|---|', ...verdicts.map((v) => `| ${v.target} | ${v.result} | ${v.detail} |`), ''];
+}
+
+/** One verdict as the console shows it: `PASS  target: detail`. */
+export const verdictLine = (v) => `${v.result.padEnd(4)}  ${v.target}: ${v.detail}`;

@@ -25,7 +25,8 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
-  addonInfo, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, processBusy, root, round,
+  addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, processBusy, root, round,
+  runMain, targetsSection, verdictLine,
 } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
@@ -111,14 +112,7 @@ async function waitForQuiet(ours, share, maxMs) {
   return quiet >= 3;
 }
 
-const children = new Set();
-function killChildren() {
-  for (const c of children) {
-    try { c.kill('SIGKILL'); } catch { /* gone */ }
-  }
-}
-process.on('exit', killChildren);
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { killChildren(); process.exit(130); });
+const children = childProcesses();
 
 function nextMessage(child, type, timeoutMs) {
   return new Promise((resolve, reject) => {
@@ -145,7 +139,6 @@ async function runOne(server, cfg, rep, opts) {
   for (let p = 0; p < PROCESSES; p++) {
     const child = fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
     children.add(child);
-    child.once('exit', () => children.delete(child));
     procs.push(child);
   }
   const exited = procs.map((c) => new Promise((r) => (c.exitCode !== null ? r() : c.once('exit', r))));
@@ -560,7 +553,7 @@ async function main() {
       '',
       ...configs.map((c) => `- ${c.name}: ${c.note}`),
       '',
-      ...(verdicts.length ? ['## Targets', '', '| target | result | measured |', '|---|---|---|', ...verdicts.map((v) => `| ${v.target} | ${v.result} | ${v.detail} |`), ''] : []),
+      ...targetsSection(verdicts),
     ].join('\n');
     const mdFile = path.join(resultsDir, `${date}-lock-contention.md`);
     writeFileSync(mdFile, md);
@@ -569,7 +562,7 @@ async function main() {
     rmSync(partialFile, { force: true });
     console.log(table(rows));
     console.log('');
-    for (const v of verdicts) console.log(`${v.result.padEnd(4)}  ${v.target}: ${v.detail}`);
+    for (const v of verdicts) console.log(verdictLine(v));
     console.log('');
     for (const f of written) console.log(`wrote ${path.relative(process.cwd(), f)}`);
   } finally {
@@ -577,8 +570,4 @@ async function main() {
   }
 }
 
-main().then(() => process.exit(0), (err) => {
-  console.error(err);
-  killChildren();
-  process.exit(1);
-});
+runMain(main, children);

@@ -44,6 +44,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   here, root, packageDir, median, round, spread, parseInfo, pkgVersion, addonInfo, gitInfo, machineInfo, commandVersion, cpuWindow,
+  childProcesses, runMain, targetsSection, verdictLine,
 } from './lib.mjs';
 import { chartSvg } from './throughput-chart.mjs';
 
@@ -121,14 +122,7 @@ function selected(only) {
 
 // ---------------------------------------------------------------- children ----
 
-const children = new Set();
-function killChildren() {
-  for (const c of children) {
-    try { c.kill('SIGKILL'); } catch { /* gone */ }
-  }
-}
-process.on('exit', killChildren);
-for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => { killChildren(); process.exit(130); });
+const children = childProcesses();
 
 /** Runs one worker measurement; samples /proc CPU around its window. */
 function runWorker(server, init, { execArgv = [], timeoutMs, onProgress } = {}) {
@@ -160,7 +154,6 @@ function runWorker(server, init, { execArgv = [], timeoutMs, onProgress } = {}) 
       else if (m?.type === 'error') finish(new Error(`worker ${init.mode} failed: ${m.message}`));
     });
     child.on('exit', (code, signal) => {
-      children.delete(child);
       finish(new Error(`worker ${init.mode} exited (${code ?? signal}) before its result`));
     });
     child.send({ ...init, url: server.url });
@@ -182,7 +175,6 @@ function runRedisBenchmark(server, args) {
     child.on('error', (e) => { clearInterval(poll); reject(e); });
     child.on('exit', (code) => {
       clearInterval(poll);
-      children.delete(child);
       if (code !== 0) return reject(new Error(`redis-benchmark exited ${code}: ${err.trim() || out.trim()}`));
       // --csv: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
       const line = out.trim().split('\n').filter((l) => l.startsWith('"') && !l.startsWith('"test"')).at(-1);
@@ -341,7 +333,7 @@ function evaluateTargets(med, drifts) {
   }
   const mem = med.memory;
   add('10 000 leases + 128 waiters < 20 MB RSS over the idle driver', mem ? mem.loadedOverIdleRssMiB * MiB < 20e6 : null,
-    mem ? `+${fmt(mem.loadedOverIdleRssMiB, 2)} MiB (${fmt((mem.loadedOverIdleRssMiB * MiB) / 1e6, 2)} MB) RSS: idle ${fmt(mem.idleRssMiB, 1)} MiB → ${fmt(mem.loadedRssMiB, 1)} MiB; of it heap used +${fmt(mem.loadedOverIdleHeapUsedMiB, 2)} MiB, V8 new space +${fmt(mem.loadedOverIdleNewSpaceMiB, 2)} MiB` : 'not measured');
+    mem ? `+${fmt(mem.loadedOverIdleRssMiB, 2)} MiB (${fmt((mem.loadedOverIdleRssMiB * MiB) / 1e6, 2)} MB) RSS: idle ${fmt(mem.idleRssMiB, 1)} MiB → ${fmt(mem.loadedRssMiB, 1)} MiB; of it heap used ${signed(mem.loadedOverIdleHeapUsedMiB)} MiB, V8 new space ${signed(mem.loadedOverIdleNewSpaceMiB)} MiB` : 'not measured');
   for (const [name, drift] of Object.entries(drifts)) {
     add(`RSS drift < 5% over a million cycles (${name}${name === 'drift' ? ", Node's default flags" : ', V8 young generation pinned'})`, Math.abs(drift.rssDriftPercent) < 5 && drift.cycles >= 1_000_000 ? true : drift.cycles < 1_000_000 ? null : false,
     `${fmt(drift.rssDriftPercent, 2)}% after GC (${fmt(drift.rssDriftPercentNoGc, 2)}% without GC; ${fmt(drift.rssLessNewSpaceDriftPercent, 2)}% without V8's new space, which went ${fmt(drift.points[0].v8NewSpace / MiB, 0)} → ${fmt(drift.points.at(-1).v8NewSpace / MiB, 0)} MiB) from ${drift.warmupCycles.toLocaleString('en')} to ${drift.cycles.toLocaleString('en')} cycles: ${fmt(drift.points[0].rssAfterGc / MiB, 1)} → ${fmt(drift.points.at(-1).rssAfterGc / MiB, 1)} MiB${drift.cycles < 1_000_000 ? ' (fewer than a million cycles: not judged)' : ''}`);
@@ -351,6 +343,8 @@ function evaluateTargets(med, drifts) {
 }
 
 const fmt = (x, d = 2) => (x === null || x === undefined || Number.isNaN(x) ? '–' : Number(x).toFixed(d));
+// A difference with its sign: "+2.60", "-3.00" (not "+-3.00").
+const signed = (x, d = 2) => `${x < 0 ? '' : '+'}${fmt(x, d)}`;
 const int = (x) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en') : '–');
 const range = (s) => (s && Number.isFinite(s.min) ? `${int(s.min)}–${int(s.max)}` : '–');
 
@@ -385,7 +379,7 @@ function tables(configs, med, drifts) {
     lines.push(`| idle driver (connected, warmed up) | ${fmt(m.idleRssMiB, 1)} | ${fmt(m.idleHeapUsedMiB, 1)} | ${fmt(m.idleNewSpaceMiB, 1)} |`);
     lines.push(`| + ${opts_.leases.toLocaleString('en')} tracked leases | ${fmt(m.withLeasesRssMiB, 1)} | – | – |`);
     lines.push(`| + ${opts_.waiters} waiters blocked on held keys | ${fmt(m.loadedRssMiB, 1)} | ${fmt(m.loadedHeapUsedMiB, 1)} | ${fmt(m.loadedNewSpaceMiB, 1)} |`);
-    lines.push(`| loaded − idle | **+${fmt(m.loadedOverIdleRssMiB, 2)}** | +${fmt(m.loadedOverIdleHeapUsedMiB, 2)} | +${fmt(m.loadedOverIdleNewSpaceMiB, 2)} |`);
+    lines.push(`| loaded − idle | **+${fmt(m.loadedOverIdleRssMiB, 2)}** | ${signed(m.loadedOverIdleHeapUsedMiB)} | ${signed(m.loadedOverIdleNewSpaceMiB)} |`);
     lines.push(`| after releasing all | ${fmt(m.afterReleaseRssMiB, 1)} | – | – |`);
     lines.push('');
   }
@@ -580,13 +574,13 @@ async function main() {
       ...(busy.length ? [`Share of the machine taken by other processes / by the hypervisor's steal during the measured windows (median): ${busy.join(', ')}.`, ''] : []),
       ...configs.map((c) => `- ${c.name}: ${c.note}`),
       '',
-      ...(verdicts.length ? ['## Targets', '', '| target | result | measured |', '|---|---|---|', ...verdicts.map((v) => `| ${v.target} | ${v.result} | ${v.detail} |`), ''] : []),
+      ...targetsSection(verdicts),
     ].join('\n');
     writeFileSync(`${base}.md`, md);
     written.push(`${base}.md`);
 
     console.log(tables(configs, med, drifts));
-    for (const v of verdicts) console.log(`${v.result.padEnd(4)}  ${v.target}: ${v.detail}`);
+    for (const v of verdicts) console.log(verdictLine(v));
     console.log('');
     for (const f of written) console.log(`wrote ${path.relative(process.cwd(), f)}`);
   } finally {
@@ -594,8 +588,4 @@ async function main() {
   }
 }
 
-main().then(() => process.exit(0), (err) => {
-  console.error(err);
-  killChildren();
-  process.exit(1);
-});
+runMain(main, children);
