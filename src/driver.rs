@@ -213,12 +213,17 @@ impl Driver {
         let Admitted { place, keys, wait_ms, deadline, .. } = &admitted;
         let (wait_ms, deadline) = (*wait_ms, *deadline);
 
-        tokio::select! {
-            biased;
-            _ = inner.stopping.cancelled() => return Err(LockError::shut_down()),
-            _ = cancel.cancelled() => return Err(LockError::aborted()),
-            _ = place.turn() => {}
-            _ = tokio::time::sleep_until(deadline.into()) => return Err(wait_timeout()),
+        let my_turn = self
+            .unless_stopped(&cancel, async {
+                tokio::select! {
+                    biased;
+                    _ = place.turn() => true,
+                    _ = tokio::time::sleep_until(deadline.into()) => false,
+                }
+            })
+            .await?;
+        if !my_turn {
+            return Err(wait_timeout());
         }
 
         // A failure ridden out while waiting; reported if the wait ends on it.
@@ -282,21 +287,34 @@ impl Driver {
         }
     }
 
-    /// Sleeps up to `delay`, or until a release of the key is announced.
-    async fn pause(&self, place: &Place, delay: Duration, cancel: &CancellationToken) -> Result<(), LockError> {
-        let inner = &self.inner;
+    /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
+    async fn unless_stopped<T>(&self, cancel: &CancellationToken, work: impl Future<Output = T>) -> Result<T, LockError> {
         tokio::select! {
             biased;
-            _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
+            _ = self.inner.stopping.cancelled() => Err(LockError::shut_down()),
             _ = cancel.cancelled() => Err(LockError::aborted()),
-            _ = place.line.wake.notified() => self.head_start(place, cancel).await,
-            _ = tokio::time::sleep(delay) => {
-                // A head start owed to a release whose notification never came is void: it
-                // must not delay a later, unrelated wake.
-                place.line.forget_head_start();
-                Ok(())
-            }
+            out = work => Ok(out),
         }
+    }
+
+    /// Sleeps up to `delay`, or until a release of the key is announced.
+    async fn pause(&self, place: &Place, delay: Duration, cancel: &CancellationToken) -> Result<(), LockError> {
+        let woken = self
+            .unless_stopped(cancel, async {
+                tokio::select! {
+                    biased;
+                    _ = place.line.wake.notified() => true,
+                    _ = tokio::time::sleep(delay) => false,
+                }
+            })
+            .await?;
+        if woken {
+            return self.head_start(place, cancel).await;
+        }
+        // A head start owed to a release whose notification never came is void: it must not
+        // delay a later, unrelated wake.
+        place.line.forget_head_start();
+        Ok(())
     }
 
     /// Woken by a release this backend made itself while other processes listen: let
@@ -304,13 +322,9 @@ impl Driver {
     /// would win most hand-offs (decision 0010). Counted from our own wake: the other
     /// processes hear the same notification at about the same moment.
     async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
-        let Some(head_start) = place.line.head_start() else { return Ok(()) };
-        let inner = &self.inner;
-        tokio::select! {
-            biased;
-            _ = inner.stopping.cancelled() => Err(LockError::shut_down()),
-            _ = cancel.cancelled() => Err(LockError::aborted()),
-            _ = precise_sleep(head_start) => Ok(()),
+        match place.line.head_start() {
+            Some(head_start) => self.unless_stopped(cancel, precise_sleep(head_start)).await,
+            None => Ok(()),
         }
     }
 
