@@ -300,7 +300,10 @@ describe('connections', () => {
       else if (err) assertLockError(err, 'INVALID_OPTIONS', url);
       if (err) {
         assert.ok(!err.message.includes(PASSWORD), `the password leaked: ${err.message}`);
-        if (url.length >= 8) assert.ok(!err.message.includes(url), `the URL leaked: ${err.message}`);
+        // The rule names the accepted schemes: a "URL" that is only a scheme (`redis+unix`) is
+        // echoed by the rule, not leaked. Anything with a host, port or path must never show.
+        const onlyScheme = /^[a-z0-9+.-]*(:\/\/|:\/|:|\/\/)?$/i.test(url);
+        if (url.length >= 8 && !onlyScheme) assert.ok(!err.message.includes(url), `the URL leaked: ${err.message}`);
       }
     }), fcParams(200));
   });
