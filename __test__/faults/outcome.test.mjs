@@ -109,6 +109,11 @@ describe('Redis down before the command', () => {
     proxy.refuse();
     proxy.killAll();
     await closed;
+    // "Idle": the driver's I/O thread reads the FIN on its own schedule, and on a loaded
+    // machine that can come after a command queued at once; that narrow window stays
+    // OUTCOME_UNKNOWN (decision 0013) and is not what this row is about. No public signal
+    // says "the driver noticed", so the connection is left idle for a moment.
+    await sleep(100);
     const sentBefore = proxy.commands.length;
     const err = await within(2000, failure(d.acquire('k', { waitTimeoutMs: 0 })), 'the acquire');
     assert.equal(proxy.commands.length, sentBefore, 'nothing reached the proxy: the command was surely not submitted');
