@@ -3,10 +3,12 @@
 // token, a password or an address.
 
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { tracingChannel } from 'node:diagnostics_channel';
 import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
-import { inspect } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { inspect, promisify } from 'node:util';
 import { backend, failure, freePort, lockKeyOf, uniqueNamespace, driverFor as sharedDriverFor } from './helpers/lock.mjs';
 import { external, startRedis } from './helpers/redis.mjs';
 
@@ -223,3 +225,17 @@ describe('secrets', () => {
   });
 });
 
+
+describe('examples/16-tracing-channels', () => {
+  test('runs against a throwaway Redis and turns the channels into nested spans and histograms', async () => {
+    const example = fileURLToPath(new URL('../examples/16-tracing-channels/index.mjs', import.meta.url));
+    const { stdout } = await promisify(execFile)(process.execPath, [example], { env: { ...process.env, REDIS_URL: redis.url }, timeout: 30_000 });
+    assert.match(stdout, /^ {2}span #\d+ lock\.acquire .* ok .*"lock\.fence":"[1-9][0-9]*".*\(child of #\d+\)$/m);
+    assert.match(stdout, /lock\.release .*"lock\.deleted":true/);
+    assert.match(stdout, /lock\.renew .* ok/);
+    assert.match(stdout, /"lock\.error":"LOCK_BUSY"/);
+    assert.match(stdout, /^lock wait \(acquire\) ms: n=4 /m);
+    assert.match(stdout, /^lock hold ms: n=4 /m);
+    assert.match(stdout, /^spans: 16$/m);
+  });
+});
