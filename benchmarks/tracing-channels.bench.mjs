@@ -2,26 +2,32 @@
 // uncontended acquire → release pairs over distinct keys, in four variants of the JS wrapper:
 //
 //   baseline    index.js from before the channels existed (git: the parent of the commit that
-//               added `tracingChannel` to index.js), same binding and addon
+//               added `tracingChannel` to index.js), over the same binding and addon
 //   none        this index.js, nobody subscribed: the channels are skipped (hasSubscribers)
 //   noop        this index.js, a subscriber with empty functions for all five events of all
 //               three channels: the price of the channel machinery itself
 //   histogram   this index.js, a subscriber as an APM would have one: start time per context
 //               in a WeakMap, durations into perf_hooks histograms at asyncEnd, errors counted
 //
+// A/B interleaved in one process: each child process loads both index.js files (they share
+// the one addon) and runs short windows of the four variants in a rotated order, round after
+// round (subscribing before a noop/histogram window and unsubscribing after it), so the
+// shared machine's changing load hits every variant alike. A window runs `inflight` loops for
+// --window seconds and then drains; CPU and pairs are counted from its start to the end of the
+// drain, so no pair of one window is billed to another. The first round is a warm-up and is
+// not counted. --reps child processes repeat it; medians over them.
+//
 // Measured per pair: CPU of the JS thread (process.threadCpuUsage: the event loop, where the
-// channels run) and of the whole process (the rest is the tokio thread and libuv), pairs/s,
-// pair p50. Also: the cost of the one check made without a subscriber (hasSubscribers), in
-// ns, from a tight loop.
+// channels run) and of the whole process (the rest is the tokio thread and libuv), pairs/s.
+// Also the cost of the one check made without a subscriber (hasSubscribers), in ns, from a
+// tight loop.
 //
-//   node benchmarks/tracing-channels.bench.mjs [--seconds N=5] [--reps N=3] [--inflight 1,64]
-//     [--warmup S=1] [--out DIR] [--quick]
+//   node benchmarks/tracing-channels.bench.mjs [--window S=0.5] [--rounds N=10] [--reps N=3]
+//     [--inflight 1,64] [--out DIR] [--quick]
 //
-// One throwaway redis-server (__test__/helpers/redis.mjs), flushed before each measurement;
-// each measurement in a fresh child process; within a repetition the variants run in a
-// rotated order (A/B interleaved), and medians are taken over repetitions. A full run writes
-// benchmarks/results/<date>-tracing-channels.{json,md}; --quick (1 s, 1 rep) writes to a
-// temporary directory unless --out is given. Needs a release build (npm run build).
+// One throwaway redis-server (__test__/helpers/redis.mjs), flushed before each child. A full
+// run writes benchmarks/results/<date>-tracing-channels.{json,md}; --quick (3 rounds, 1 rep)
+// writes to a temporary directory unless --out is given. Needs a release build (npm run build).
 
 import { execFileSync, fork } from 'node:child_process';
 import { tracingChannel } from 'node:diagnostics_channel';
@@ -33,7 +39,7 @@ import { createHistogram } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  root, median, round, spread, Samples, addonInfo, gitInfo, machineInfo, cpuWindow, childProcesses, runMain,
+  root, median, round, spread, addonInfo, gitInfo, machineInfo, cpuWindow, childProcesses, runMain,
 } from './lib.mjs';
 
 const SELF = fileURLToPath(import.meta.url);
@@ -42,7 +48,7 @@ const NAMES = ['acquire', 'release', 'renew'];
 const EVENTS = ['start', 'end', 'asyncStart', 'asyncEnd', 'error'];
 
 function parseArgs(argv) {
-  const opts = { seconds: null, reps: null, inflight: [1, 64], warmup: null, out: null, quick: false };
+  const opts = { window: 0.5, rounds: null, reps: null, inflight: [1, 64], out: null, quick: false };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const value = () => {
@@ -50,114 +56,122 @@ function parseArgs(argv) {
       if (v === undefined) throw new Error(`${a} needs a value`);
       return v;
     };
-    if (a === '--seconds') opts.seconds = Number(value());
+    if (a === '--window') opts.window = Number(value());
+    else if (a === '--rounds') opts.rounds = Number(value());
     else if (a === '--reps') opts.reps = Number(value());
     else if (a === '--inflight') opts.inflight = value().split(',').map(Number);
-    else if (a === '--warmup') opts.warmup = Number(value());
     else if (a === '--out') opts.out = path.resolve(value());
     else if (a === '--quick') opts.quick = true;
     else if (a === '--help' || a === '-h') {
-      console.log('node benchmarks/tracing-channels.bench.mjs [--seconds N=5] [--reps N=3] [--inflight 1,64] [--warmup S=1] [--out DIR] [--quick]');
+      console.log('node benchmarks/tracing-channels.bench.mjs [--window S=0.5] [--rounds N=10] [--reps N=3] [--inflight 1,64] [--out DIR] [--quick]');
       process.exit(0);
     } else throw new Error(`unknown argument ${a}`);
   }
-  opts.seconds ??= opts.quick ? 1 : 5;
+  opts.rounds ??= opts.quick ? 3 : 10;
   opts.reps ??= opts.quick ? 1 : 3;
-  opts.warmup ??= opts.quick ? 0.5 : 1;
-  if (!(opts.seconds > 0) || !Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--seconds > 0 and --reps >= 1 integer');
+  if (!(opts.window > 0) || !Number.isInteger(opts.reps) || opts.reps < 1 || !Number.isInteger(opts.rounds) || opts.rounds < 1) {
+    throw new Error('--window > 0, --rounds and --reps integers >= 1');
+  }
   if (!opts.inflight.every((n) => Number.isInteger(n) && n >= 1)) throw new Error('--inflight takes integers >= 1');
   return opts;
 }
 
 // ------------------------------------------------------------------- child ----
 
-/** Subscribes the variant's subscriber; returns a function reporting what it saw. */
-function subscribe(variant) {
+/** The variant's subscriber, subscribed on `on()` and unsubscribed on `off()`. */
+function subscriber(variant) {
+  let handlers;
+  let report = () => null;
   if (variant === 'noop') {
     let calls = 0;
-    const handlers = Object.fromEntries(EVENTS.map((e) => [e, e === 'asyncEnd' ? () => { calls++; } : () => {}]));
-    for (const name of NAMES) tracingChannel(`dokebi:lock-redis:${name}`).subscribe(handlers);
-    return () => ({ asyncEnds: calls });
-  }
-  if (variant === 'histogram') {
+    const h = Object.fromEntries(EVENTS.map((e) => [e, e === 'asyncEnd' ? () => { calls++; } : () => {}]));
+    handlers = Object.fromEntries(NAMES.map((n) => [n, h]));
+    report = () => ({ asyncEnds: calls });
+  } else if (variant === 'histogram') {
     const started = new WeakMap();
     const histograms = Object.fromEntries(NAMES.map((n) => [n, createHistogram()]));
     const errors = {};
-    for (const name of NAMES) {
-      const histogram = histograms[name];
-      tracingChannel(`dokebi:lock-redis:${name}`).subscribe({
-        start(ctx) { started.set(ctx, process.hrtime.bigint()); },
-        end() {},
-        asyncStart() {},
-        asyncEnd(ctx) {
-          const t0 = started.get(ctx);
-          if (t0 !== undefined) histogram.record(process.hrtime.bigint() - t0 || 1n);
-        },
-        error(ctx) { errors[ctx.error?.code] = (errors[ctx.error?.code] ?? 0) + 1; },
-      });
-    }
-    return () => ({ asyncEnds: histograms.acquire.count + histograms.release.count, acquireP50Us: round(histograms.acquire.percentile(50) / 1000, 1), errors });
+    handlers = Object.fromEntries(NAMES.map((name) => [name, {
+      start(ctx) { started.set(ctx, process.hrtime.bigint()); },
+      end() {},
+      asyncStart() {},
+      asyncEnd(ctx) {
+        const t0 = started.get(ctx);
+        if (t0 !== undefined) histograms[name].record(process.hrtime.bigint() - t0 || 1n);
+      },
+      error(ctx) { errors[ctx.error?.code] = (errors[ctx.error?.code] ?? 0) + 1; },
+    }]));
+    report = () => ({ asyncEnds: histograms.acquire.count + histograms.release.count, acquireP50Us: round(histograms.acquire.percentile(50) / 1000, 1), errors });
   }
-  return () => null;
+  const each = (method) => { if (handlers) for (const n of NAMES) tracingChannel(`dokebi:lock-redis:${n}`)[method](handlers[n]); };
+  return { on: () => each('subscribe'), off: () => each('unsubscribe'), report };
+}
+
+/** One window: `inflight` loops of acquire → release for `seconds`, then drained. */
+async function window(driver, prefix, inflight, seconds) {
+  let seq = 0;
+  let pairs = 0;
+  let stop = false;
+  async function loop() {
+    while (!stop) {
+      const lease = await driver.acquire(prefix + seq++);
+      await lease.release();
+      pairs++;
+    }
+  }
+  const thread0 = process.threadCpuUsage();
+  const process0 = process.cpuUsage();
+  const t0 = performance.now();
+  const loops = Promise.all(Array.from({ length: inflight }, loop));
+  const timer = setTimeout(() => { stop = true; }, seconds * 1000);
+  try {
+    await loops;
+  } finally {
+    clearTimeout(timer);
+    stop = true;
+  }
+  const us = (c) => c.user + c.system;
+  return { pairs, ms: performance.now() - t0, threadUs: us(process.threadCpuUsage(thread0)), processUs: us(process.cpuUsage(process0)) };
 }
 
 async function child(init) {
   const send = (m) => new Promise((resolve) => process.send(m, resolve));
-  const dir = init.variant === 'baseline' ? init.baselineDir : root;
-  const { createRedisLockDriver } = createRequire(SELF)(path.join(dir, 'index.js'));
-  const seen = subscribe(init.variant);
-  const driver = createRedisLockDriver(init.url, { driver: 'redis', connection: 'bench', namespace: 'tc', leaseMs: 10_000, maxWaiters: 1024 });
-  const prefix = `${init.variant}:${init.inflight}:${init.rep}:`;
-  await (await driver.acquire(`${prefix}first`)).release();
-
-  const pairMs = new Samples(1 << 17);
-  let seq = 0;
-  let stop = false;
-  let windowStart = Infinity;
-  let windowEnd = Infinity;
-  let done = 0;
-  async function loop() {
-    while (!stop) {
-      const t0 = performance.now();
-      const lease = await driver.acquire(prefix + seq++);
-      await lease.release();
-      const t1 = performance.now();
-      if (t0 >= windowStart && t1 < windowEnd) {
-        done++;
-        pairMs.push(t1 - t0);
-      }
-    }
-  }
-  const loops = Promise.all(Array.from({ length: init.inflight }, loop));
-  const failed = loops.then(() => null, (err) => err);
-  await Promise.race([sleep(init.warmupS * 1000), failed]);
+  const load = (dir) => createRequire(SELF)(path.join(dir, 'index.js')).createRedisLockDriver;
+  const options = { driver: 'redis', connection: 'bench', namespace: 'tc', leaseMs: 10_000, maxWaiters: 1024 };
+  const drivers = { baseline: load(init.baselineDir)(init.url, options), current: load(root)(init.url, options) };
+  const subscribers = Object.fromEntries(VARIANTS.map((v) => [v, subscriber(v)]));
+  const totals = Object.fromEntries(VARIANTS.map((v) => [v, { pairs: 0, ms: 0, threadUs: 0, processUs: 0, windows: [] }]));
+  for (const d of Object.values(drivers)) await (await d.acquire(`first:${init.rep}:${Math.random()}`)).release();
 
   await send({ type: 'window-start' });
-  const process0 = process.cpuUsage();
-  const thread0 = process.threadCpuUsage();
-  windowStart = performance.now();
-  await Promise.race([sleep(init.seconds * 1000), failed]);
-  windowEnd = performance.now();
-  const thread = process.threadCpuUsage(thread0);
-  const whole = process.cpuUsage(process0);
+  for (let round = 0; round <= init.rounds; round++) {
+    const order = VARIANTS.map((_, i) => VARIANTS[(i + round + init.rep) % VARIANTS.length]);
+    for (const variant of order) {
+      const driver = variant === 'baseline' ? drivers.baseline : drivers.current;
+      subscribers[variant].on();
+      const w = await window(driver, `${variant}:${init.inflight}:${init.rep}:${round}:`, init.inflight, init.window);
+      subscribers[variant].off();
+      if (round === 0) continue; // warm-up: JIT, connections, Redis's first keys
+      const t = totals[variant];
+      t.pairs += w.pairs; t.ms += w.ms; t.threadUs += w.threadUs; t.processUs += w.processUs;
+      t.windows.push({ round, jsThreadCpuPerPairUs: round3(w.threadUs / w.pairs), pairsPerSec: Math.round(w.pairs / (w.ms / 1000)) });
+    }
+  }
   await send({ type: 'window-end' });
-  stop = true;
-  const err = await failed;
-  if (err) throw err;
-  await driver.shutdown();
-
-  const us = (c) => c.user + c.system;
-  const windowMs = windowEnd - windowStart;
-  const s = pairMs.summary(4);
-  return {
-    pairs: done, windowMs: round(windowMs, 1), pairsPerSec: round(done / (windowMs / 1000), 1),
-    pairP50Ms: s.p50, pairP99Ms: s.p99,
-    jsThreadCpuPerPairUs: round(us(thread) / done, 3),
-    processCpuPerPairUs: round(us(whole) / done, 3),
-    otherThreadsCpuPerPairUs: round((us(whole) - us(thread)) / done, 3),
-    subscriber: seen(),
-  };
+  await Promise.all(Object.values(drivers).map((d) => d.shutdown()));
+  return Object.fromEntries(VARIANTS.map((v) => {
+    const t = totals[v];
+    return [v, {
+      pairs: t.pairs, seconds: round(t.ms / 1000, 2), pairsPerSec: round(t.pairs / (t.ms / 1000), 1),
+      jsThreadCpuPerPairUs: round3(t.threadUs / t.pairs),
+      processCpuPerPairUs: round3(t.processUs / t.pairs),
+      otherThreadsCpuPerPairUs: round3((t.processUs - t.threadUs) / t.pairs),
+      subscriber: subscribers[v].report(),
+      windows: t.windows,
+    }];
+  }));
 }
+const round3 = (x) => round(x, 3);
 
 if (process.argv[2] === '--child') {
   process.once('message', (init) => {
@@ -180,14 +194,14 @@ function measure(children, server, init, timeoutMs) {
     const c = children.add(fork(SELF, ['--child'], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
     let window = null;
     let cpu = null;
-    const timer = setTimeout(() => { c.kill('SIGKILL'); reject(new Error(`${init.variant} did not finish in ${timeoutMs} ms`)); }, timeoutMs);
+    const timer = setTimeout(() => { c.kill('SIGKILL'); reject(new Error(`rep ${init.rep} did not finish in ${timeoutMs} ms`)); }, timeoutMs);
     c.on('message', (m) => {
       if (m.type === 'window-start') window = cpuWindow([process.pid, c.pid, server.pid], server.pid);
       else if (m.type === 'window-end') cpu = window?.end() ?? null;
-      else if (m.type === 'result') { clearTimeout(timer); resolve({ ...m.result, otherCpuShare: cpu?.otherCpuShare, stealShare: cpu?.stealShare }); }
-      else if (m.type === 'error') { clearTimeout(timer); reject(new Error(`${init.variant}: ${m.message}`)); }
+      else if (m.type === 'result') { clearTimeout(timer); resolve({ variants: m.result, otherCpuShare: cpu?.otherCpuShare, stealShare: cpu?.stealShare }); }
+      else if (m.type === 'error') { clearTimeout(timer); reject(new Error(`rep ${init.rep}: ${m.message}`)); }
     });
-    c.on('exit', (code) => { clearTimeout(timer); reject(new Error(`${init.variant} exited ${code} before its result`)); });
+    c.on('exit', (code) => { clearTimeout(timer); reject(new Error(`rep ${init.rep} exited ${code} before its result`)); });
     c.send({ ...init, url: server.url });
   });
 }
@@ -232,19 +246,18 @@ async function main(children) {
   const raw = [];
   try {
     const redisVersion = /redis_version:(\S+)/.exec(await server.command('INFO', 'server'))?.[1];
-    console.error(`redis-server ${redisVersion} on port ${server.port}; baseline index.js from ${baseline.rev.slice(0, 7)}; ${opts.seconds} s × ${opts.reps} rep(s)`);
+    console.error(`redis-server ${redisVersion} on port ${server.port}; baseline index.js from ${baseline.rev.slice(0, 7)}; ${opts.rounds} rounds of ${opts.window} s windows × ${opts.reps} process(es)`);
     const checkNs = checkCostNs();
     console.error(`hasSubscribers with nobody subscribed: ${checkNs} ns per check`);
     for (let rep = 1; rep <= opts.reps; rep++) {
       for (const inflight of opts.inflight) {
-        // Rotated each repetition so no variant always runs first (or right after another).
-        const order = VARIANTS.map((_, i) => VARIANTS[(i + rep - 1 + inflight) % VARIANTS.length]);
-        for (const variant of order) {
-          await server.command('FLUSHALL');
-          const init = { variant, inflight, rep, seconds: opts.seconds, warmupS: opts.warmup, baselineDir: baseline.dir };
-          const r = await measure(children, server, init, (opts.seconds + opts.warmup) * 1000 + 60_000);
-          raw.push({ variant, inflight, rep, ...r });
-          console.error(`rep ${rep} ${String(inflight).padStart(3)} in flight ${variant.padEnd(9)} ${String(Math.round(r.pairsPerSec)).padStart(6)} pairs/s  JS thread ${r.jsThreadCpuPerPairUs.toFixed(2)} µs/pair  process ${r.processCpuPerPairUs.toFixed(2)} µs/pair  p50 ${r.pairP50Ms} ms  other cpu ${r.otherCpuShare} steal ${r.stealShare}`);
+        await server.command('FLUSHALL');
+        const init = { inflight, rep, window: opts.window, rounds: opts.rounds, baselineDir: baseline.dir };
+        const r = await measure(children, server, init, (opts.rounds + 1) * VARIANTS.length * (opts.window + 5) * 1000 + 60_000);
+        for (const variant of VARIANTS) {
+          const v = r.variants[variant];
+          raw.push({ variant, inflight, rep, otherCpuShare: r.otherCpuShare, stealShare: r.stealShare, ...v });
+          console.error(`rep ${rep} ${String(inflight).padStart(3)} in flight ${variant.padEnd(9)} ${String(Math.round(v.pairsPerSec)).padStart(6)} pairs/s  JS thread ${v.jsThreadCpuPerPairUs.toFixed(2)} µs/pair  process ${v.processCpuPerPairUs.toFixed(2)} µs/pair  other cpu ${r.otherCpuShare} steal ${r.stealShare}`);
         }
       }
     }
@@ -252,22 +265,26 @@ async function main(children) {
     const summary = [];
     for (const inflight of opts.inflight) {
       const of = (v) => raw.filter((r) => r.inflight === inflight && r.variant === v);
-      const base = median(of('baseline').map((r) => r.jsThreadCpuPerPairUs));
-      const basePps = median(of('baseline').map((r) => r.pairsPerSec));
+      // Paired within a process (the variants alternated there): what differs between
+      // processes (placement, JIT, the machine's load at the time) cancels out.
+      const baseOf = (rep) => of('baseline').find((r) => r.rep === rep);
       for (const variant of VARIANTS) {
         const reps = of(variant);
         const js = reps.map((r) => r.jsThreadCpuPerPairUs);
         const pps = reps.map((r) => r.pairsPerSec);
+        const pairedJs = reps.map((r) => r.jsThreadCpuPerPairUs - baseOf(r.rep).jsThreadCpuPerPairUs);
+        const pairedJsPercent = reps.map((r) => (r.jsThreadCpuPerPairUs / baseOf(r.rep).jsThreadCpuPerPairUs - 1) * 100);
+        const pairedPps = reps.map((r) => (r.pairsPerSec / baseOf(r.rep).pairsPerSec - 1) * 100);
+        const range = (values, d) => ({ median: round(median(values), d), min: round(Math.min(...values), d), max: round(Math.max(...values), d) });
         summary.push({
           variant, inflight,
           pairsPerSec: round(median(pps), 0), pairsPerSecSpread: round(spread(pps), 3),
-          pairsPerSecVsBaselinePercent: round((median(pps) / basePps - 1) * 100, 1),
+          pairsPerSecPairedDeltaPercent: range(pairedPps, 1),
           jsThreadCpuPerPairUs: round(median(js), 2), jsThreadCpuSpread: round(spread(js), 3),
-          jsThreadCpuVsBaselineUs: round(median(js) - base, 2),
-          jsThreadCpuVsBaselinePercent: round((median(js) / base - 1) * 100, 1),
+          jsThreadCpuPairedDeltaUs: range(pairedJs, 2),
+          jsThreadCpuPairedDeltaPercent: range(pairedJsPercent, 1),
           processCpuPerPairUs: round(median(reps.map((r) => r.processCpuPerPairUs)), 2),
           otherThreadsCpuPerPairUs: round(median(reps.map((r) => r.otherThreadsCpuPerPairUs)), 2),
-          pairP50Ms: round(median(reps.map((r) => r.pairP50Ms)), 4),
           otherCpuShare: median(reps.map((r) => r.otherCpuShare)), stealShare: median(reps.map((r) => r.stealShare)),
         });
       }
@@ -282,10 +299,10 @@ async function main(children) {
       date, startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(),
       command: ['node', path.relative(root, SELF), ...process.argv.slice(2)].join(' '),
       machine: { ...machineInfo(), loadAverageBefore: loadBefore.map((x) => round(x, 2)), loadAverageAfter: os.loadavg().map((x) => round(x, 2)) },
-      note: 'A 2-core machine shared with several other builds and test runs at the time: read differences against the spread of the repetitions (otherCpuShare: CPU of other processes during each window, as a share of all cores).',
+      note: 'A 2-core machine shared with several other builds and test runs at the time (otherCpuShare: CPU of other processes during each child, as a share of all cores): read differences against the paired ranges.',
       versions: { node: process.version, redisServer: redisVersion, '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version },
       addon, git: gitInfo(), baselineIndexJsFrom: baseline.rev,
-      setup: { seconds: opts.seconds, warmupS: opts.warmup, reps: opts.reps, inflight: opts.inflight, variants: VARIANTS, driverOptions: { leaseMs: 10_000, maxWaiters: 1024 } },
+      setup: { windowS: opts.window, rounds: opts.rounds, warmupRounds: 1, reps: opts.reps, inflight: opts.inflight, variants: VARIANTS, driverOptions: { leaseMs: 10_000, maxWaiters: 1024 } },
       hasSubscribersCheckNs: checkNs,
       summary, raw,
     };
@@ -301,13 +318,16 @@ async function main(children) {
 
 function markdown(r) {
   const sign = (x) => (x > 0 ? `+${x}` : `${x}`);
+  const range = (d, f) => (d.min === d.max ? f(d.median) : `${f(d.median)} (${f(d.min)} … ${f(d.max)})`);
   return [
     `# Tracing channels: price per acquire+release pair (${r.date})`, '',
-    `\`${r.command}\` — ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.versions.node}, redis-server ${r.versions.redisServer}, ${r.addon.build} addon ${r.addon.sha256}, git ${r.git.head?.slice(0, 7)}; baseline index.js from ${r.baselineIndexJsFrom.slice(0, 7)}. ${r.setup.seconds} s × ${r.setup.reps} repetitions, medians, variants interleaved. ${r.note}`, '',
+    `\`${r.command}\` — ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.versions.node}, redis-server ${r.versions.redisServer}, ${r.addon.build} addon ${r.addon.sha256}, git ${r.git.head?.slice(0, 7)}; baseline index.js from ${r.baselineIndexJsFrom.slice(0, 7)}. In each of ${r.setup.reps} processes, ${r.setup.rounds} rounds (after 1 warm-up round) of ${r.setup.windowS} s windows, the four variants alternating in a rotated order. ${r.note}`, '',
     `Without a subscriber an untraced call costs one \`hasSubscribers\` check: ${r.hasSubscribersCheckNs} ns.`, '',
-    '| in flight | variant | pairs/s | vs baseline | JS thread CPU per pair (µs) | vs baseline (µs) | spread (JS CPU) | process CPU per pair (µs) | pair p50 (ms) | other CPU share |',
-    '|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|',
-    ...r.summary.map((s) => `| ${s.inflight} | ${s.variant} | ${s.pairsPerSec.toLocaleString('en')} | ${sign(s.pairsPerSecVsBaselinePercent)} % | ${s.jsThreadCpuPerPairUs} | ${sign(s.jsThreadCpuVsBaselineUs)} | ${s.jsThreadCpuSpread} | ${s.processCpuPerPairUs} | ${s.pairP50Ms} | ${s.otherCpuShare} |`),
+    'Medians over the processes; "vs baseline": the median (min … max) over the processes of the variant minus the baseline measured alongside it in the same process.',
+    '',
+    '| in flight | variant | pairs/s | vs baseline (%) | JS thread CPU per pair (µs) | vs baseline (µs) | vs baseline (%) | process CPU per pair (µs) | other CPU share |',
+    '|---:|---|---:|---:|---:|---:|---:|---:|---:|',
+    ...r.summary.map((s) => `| ${s.inflight} | ${s.variant} | ${s.pairsPerSec.toLocaleString('en')} | ${range(s.pairsPerSecPairedDeltaPercent, sign)} | ${s.jsThreadCpuPerPairUs} | ${range(s.jsThreadCpuPairedDeltaUs, sign)} | ${range(s.jsThreadCpuPairedDeltaPercent, sign)} | ${s.processCpuPerPairUs} | ${s.otherCpuShare} |`),
     '',
   ].join('\n');
 }
