@@ -1,3 +1,4 @@
+/// <reference lib="esnext.disposable" />
 /**
  * @dokebi/lock-redis — the single-Redis lease driver of @dokebi/lock, as a Rust addon.
  *
@@ -105,7 +106,12 @@ export interface AcquireOptions {
   waitTimeoutMs?: number | undefined
 }
 
-export interface Lease {
+/**
+ * `await using lease = await backend.acquire(key)` releases it at the end of the block:
+ * quietly when it is no longer ours (already released, expired, lost); a release that fails
+ * rejects with the LockError `release()` would.
+ */
+export interface Lease extends AsyncDisposable {
   /** The key as given to `acquire`. */
   readonly key: string
   /** Decimal string, larger for every new lease of the key. Compare as BigInt, never as Number. */
@@ -120,7 +126,8 @@ export interface Lease {
   renew(): Promise<void>
 }
 
-export interface LockDriver {
+/** `await using backend = createRedisLockDriver(…)` calls `shutdown()` at the end of the block. */
+export interface LockDriver extends AsyncDisposable {
   readonly driver: 'redis'
   acquire(key: string, options?: AcquireOptions): Promise<Lease>
   /** Releases every tracked lease; rejects with CLEANUP_TIMEOUT or CLEANUP_FAILED. */
@@ -143,6 +150,40 @@ export interface LockDriverStats {
   notificationsReceived: number
   /** Failed calls by code; every code is present, zeros included. */
   errors: { [K in LockErrorCode]: number }
+}
+
+/**
+ * The context of the `dokebi:lock-redis:acquire` tracing channel (`node:diagnostics_channel`
+ * `tracingChannel(name)`; events start, end, asyncStart, asyncEnd, and error on failure).
+ * Never holds a token, a password or an address; `key` is the app's own value.
+ */
+export interface AcquireTraceContext {
+  /** As given to `acquire`. */
+  readonly key: string
+  readonly namespace: string
+  /** The lease, from asyncStart on when the acquire succeeded: read its `fence`. */
+  readonly result?: Lease
+  /** The LockError, from the error event on when it failed. */
+  readonly error?: LockError
+}
+
+/** The context of the `dokebi:lock-redis:release` tracing channel. */
+export interface ReleaseTraceContext {
+  readonly key: string
+  readonly namespace: string
+  /** The lease being released (the same object `acquire` resolved with). */
+  readonly lease: Lease
+  /** What `release()` resolves with: true when it deleted our key. */
+  readonly result?: boolean
+  readonly error?: LockError
+}
+
+/** The context of the `dokebi:lock-redis:renew` tracing channel. */
+export interface RenewTraceContext {
+  readonly key: string
+  readonly namespace: string
+  readonly lease: Lease
+  readonly error?: LockError
 }
 
 /** pino-compatible: `(fields, message)`. Every field object has a `code`. */

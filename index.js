@@ -1,6 +1,6 @@
 'use strict'
-// A thin wrapper over the generated binding: the LockError class, AbortSignal wiring and
-// the logger adapter. Every lock decision is made in Rust (src/).
+// A thin wrapper over the generated binding: the LockError class, AbortSignal wiring, the
+// logger adapter, `await using` and tracing channels. Every lock decision is made in Rust (src/).
 
 // The generated loader's own error does not name the platform; this one does.
 function loadBinding() {
@@ -23,6 +23,16 @@ function loadBinding() {
 
 const native = loadBinding()
 const { isMainThread } = require('node:worker_threads')
+const { tracingChannel } = require('node:diagnostics_channel')
+
+// For APM (decision 0036). Contexts carry the key, the namespace and the Lease, whose own
+// fields are key and fence: never a token, a password or an address. Without a subscriber
+// nothing is traced, not even a context object is made.
+const channels = {
+  acquire: tracingChannel('dokebi:lock-redis:acquire'),
+  release: tracingChannel('dokebi:lock-redis:release'),
+  renew: tracingChannel('dokebi:lock-redis:renew'),
+}
 
 const LockErrorCode = Object.freeze(Object.fromEntries(native.errorCodes().map((code) => [code, code])))
 
@@ -87,8 +97,10 @@ function logAdapter(logger) {
 class Lease {
   #native
   #key
-  constructor(key, nativeLease) {
+  #namespace
+  constructor(key, namespace, nativeLease) {
     this.#key = key
+    this.#namespace = namespace
     this.#native = nativeLease
     Object.defineProperty(this, 'fence', { value: nativeLease.fence, enumerable: true })
   }
@@ -101,14 +113,27 @@ class Lease {
   get remainingMs() {
     return this.#native.remainingMs
   }
-  async release() {
+  release() {
+    if (!channels.release.hasSubscribers) return this.#release()
+    return channels.release.tracePromise(this.#release, { key: this.#key, namespace: this.#namespace, lease: this }, this)
+  }
+  async #release() {
     const released = await this.#native.release()
     if (typeof released === 'boolean') return released
     throw toLockError(released)
   }
-  async renew() {
+  renew() {
+    if (!channels.renew.hasSubscribers) return this.#renew()
+    return channels.renew.tracePromise(this.#renew, { key: this.#key, namespace: this.#namespace, lease: this }, this)
+  }
+  async #renew() {
     const failed = await this.#native.renew()
     if (failed) throw toLockError(failed)
+  }
+  // `await using`: release by token unless already released. `false` (no longer ours:
+  // expired or taken over) is the quiet end of a block; a failed release rejects as release() does.
+  async [Symbol.asyncDispose]() {
+    await this.release()
   }
 }
 
@@ -121,8 +146,15 @@ function createRedisLockDriver(connection, options, logger) {
   const created = native.createDriver(connection, options, logAdapter(logger), !isMainThread)
   if (!(created instanceof native.NativeDriver)) throw toLockError(created)
   const backend = created
+  // Valid: createDriver accepted the same options. Only for tracing-channel contexts.
+  const { namespace } = native.parseBackend(options)
 
-  async function acquire(key, acquireOptions = {}) {
+  function acquire(key, acquireOptions) {
+    if (!channels.acquire.hasSubscribers) return acquireLease(key, acquireOptions)
+    return channels.acquire.tracePromise(acquireLease, { key, namespace }, undefined, key, acquireOptions)
+  }
+
+  async function acquireLease(key, acquireOptions = {}) {
     if (acquireOptions === null || typeof acquireOptions !== 'object') {
       throw invalidOptions('acquire options must be an object')
     }
@@ -152,7 +184,7 @@ function createRedisLockDriver(connection, options, logger) {
   }
 
   function leaseOf(key, result, signal) {
-    if (result instanceof native.NativeLease) return new Lease(key, result)
+    if (result instanceof native.NativeLease) return new Lease(key, namespace, result)
     throw toLockError(result, signal)
   }
 
@@ -167,7 +199,8 @@ function createRedisLockDriver(connection, options, logger) {
     return { ...native, errors: Object.fromEntries(Object.keys(LockErrorCode).map((code) => [code, native.errors[code]])) }
   }
 
-  return Object.freeze({ driver: 'redis', acquire, shutdown, stats })
+  // `await using backend = createRedisLockDriver(…)` shuts it down at the end of the block.
+  return Object.freeze({ driver: 'redis', acquire, shutdown, stats, [Symbol.asyncDispose]: shutdown })
 }
 
 module.exports = { createRedisLockDriver, parseRedisLockBackend, LockError, LockErrorCode }

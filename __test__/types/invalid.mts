@@ -7,9 +7,11 @@ import {
   parseRedisLockBackend,
   LockError,
   LockErrorCode,
+  type AcquireTraceContext,
   type Lease,
   type LockDriver,
   type RedisLockBackendInput,
+  type ReleaseTraceContext,
 } from '@dokebi/lock-redis'
 
 declare const driver: LockDriver
@@ -68,6 +70,22 @@ const releasedText: string = await lease.release()
 // @ts-expect-error TS2339 there is no automatic renewal to switch on
 lease.autoRenew()
 
+// --- await using: a release is asynchronous, so a lease is only AsyncDisposable -----------
+async function syncUsing(): Promise<void> {
+  // @ts-expect-error TS2741 plain `using` cannot await a release (a Lease has no [Symbol.dispose])
+  using held = await driver.acquire('k')
+}
+// @ts-expect-error TS7053 the driver has no synchronous dispose either
+driver[Symbol.dispose]()
+
+// --- tracing contexts ----------------------------------------------------------------------
+declare const acquireContext: AcquireTraceContext
+declare const releaseContext: ReleaseTraceContext
+// @ts-expect-error TS2339 contexts hold no token
+const traceToken = acquireContext.token
+// @ts-expect-error TS2339 a release's result is whether it deleted the key, not a lease
+const releaseFence = releaseContext.result.fence
+
 // --- errors ------------------------------------------------------------------------------
 // @ts-expect-error TS2339 not an error code
 const notACode = LockErrorCode.NOT_A_CODE
@@ -86,5 +104,5 @@ const waitersText: string = driver.stats().waiters
 
 export {
   asNumber, asBigint, newer, biggest, wrongDriver, unknownOption, noNamespace, stringLease,
-  otherDriver, notAwaited, otherKind, releasedText, notACode, misspelt, unknownCounter, connected, waitersText,
+  otherDriver, notAwaited, otherKind, releasedText, syncUsing, traceToken, releaseFence, notACode, misspelt, unknownCounter, connected, waitersText,
 }

@@ -19,4 +19,10 @@ async function once(): Promise<string> {
   }
 }
 
-export = { once, parsed: lock.parseRedisLockBackend({}) satisfies lock.RedisLockBackend }
+// `await using` in CommonJS: the lease is released when the function returns.
+async function scoped(): Promise<string> {
+  await using lease = await driver.acquire('k')
+  return lease.fence
+}
+
+export = { once, scoped, parsed: lock.parseRedisLockBackend({}) satisfies lock.RedisLockBackend }

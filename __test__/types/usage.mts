@@ -6,6 +6,7 @@ import {
   LockError,
   LockErrorCode,
   type AcquireOptions,
+  type AcquireTraceContext,
   type Lease,
   type LockDriver,
   type LockDriverStats,
@@ -14,7 +15,10 @@ import {
   type RedisErrorLike,
   type RedisLockBackend,
   type RedisLockBackendInput,
+  type ReleaseTraceContext,
+  type RenewTraceContext,
 } from '@dokebi/lock-redis'
+import { tracingChannel } from 'node:diagnostics_channel'
 import lockRedis from '@dokebi/lock-redis' // the CommonJS module object, as Node's default import gives it
 import { pino } from 'pino'
 
@@ -102,6 +106,38 @@ async function job(signal: AbortSignal): Promise<boolean> {
   }
 }
 
+// `await using`: the lease releases itself at the end of the block (also on a throw), then
+// the driver shuts down; both are AsyncDisposable.
+async function scoped(url: string): Promise<string> {
+  await using backend = createRedisLockDriver(url, minimal)
+  await using lease = await backend.acquire('job:nightly-report')
+  fencedWrite(lease.fence)
+  return lease.fence
+}
+const disposables: AsyncDisposable[] = [driver]
+async function disposeLease(lease: Lease): Promise<void> {
+  await lease[Symbol.asyncDispose]()
+}
+
+// Tracing channels for APM: typed contexts, the lease (and its fence) after an acquire.
+const acquires = tracingChannel<unknown, AcquireTraceContext>('dokebi:lock-redis:acquire')
+const started = new WeakMap<object, number>()
+acquires.subscribe({
+  start(ctx) { started.set(ctx, performance.now()); const where: string = `${ctx.namespace}/${ctx.key}`; void where },
+  end() {},
+  asyncStart() {},
+  asyncEnd(ctx) { const fence: string | undefined = ctx.result?.fence; void fence },
+  error(ctx) { const code: LockErrorCode | undefined = ctx.error?.code; void code },
+})
+tracingChannel<unknown, ReleaseTraceContext>('dokebi:lock-redis:release').asyncEnd.subscribe((message) => {
+  const ctx = message as ReleaseTraceContext
+  const deleted: boolean | undefined = ctx.result
+  const fence: string = ctx.lease.fence
+  void [deleted, fence]
+})
+const renews = tracingChannel<unknown, RenewTraceContext>('dokebi:lock-redis:renew')
+const renewing: boolean = renews.hasSubscribers
+
 // `exactOptionalPropertyTypes` users forward optional values as they are.
 async function forward(opts: { signal?: AbortSignal; waitTimeoutMs?: number }): Promise<Lease> {
   const options: AcquireOptions = {}
@@ -168,4 +204,4 @@ try {
   await Promise.all([driver.shutdown(), quiet.shutdown()])
 }
 
-export { everyDefault, namespace, kind, codes, busy, sameModule, metrics }
+export { everyDefault, namespace, kind, codes, busy, sameModule, metrics, scoped, disposables, disposeLease, renewing }
