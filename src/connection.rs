@@ -15,7 +15,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-use crate::error::{Outcome, RedisErrorCode, RedisFailure};
+use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
 use crate::events;
 use crate::options::{ConnectionOptions, TlsOptions};
 use crate::scripts::LuaScript;
@@ -97,10 +97,19 @@ impl ScriptCall {
 }
 
 impl RedisLink {
-    pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
+    /// Fails INVALID_OPTIONS naming the field at fault: the URL, or a TLS PEM.
+    pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, LockError> {
         if options.url.to_ascii_lowercase().starts_with("rediss://") {
             install_crypto_provider();
         }
+        if let Some(tls) = &options.tls {
+            check_pems(tls)?;
+        }
+        Self::build(options, driver_id)
+            .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))
+    }
+
+    fn build(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
         let info = options.url.as_str().into_connection_info()?;
         let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let (client, resp3) = match &options.tls {
@@ -296,6 +305,37 @@ fn is_no_resp3(err: &redis::RedisError) -> bool {
 /// redis-rs takes rustls's process-wide crypto provider; install ring once if none is.
 fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Parses each PEM as redis-rs will, so that a malformed one is reported by its field rather
+/// than as a bad URL (the PEM's text is never repeated).
+fn check_pems(tls: &TlsOptions) -> Result<(), LockError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certificates = |pem: &str| {
+        let parsed: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
+        parsed.is_ok_and(|certs| !certs.is_empty())
+    };
+    let bad = |field: &str, what: &str| {
+        Err(LockError::new(LockErrorCode::InvalidOptions, format!("connection.tls.{field} is not {what}")))
+    };
+    if tls.ca.as_deref().is_some_and(|ca| !certificates(ca) || !trust_anchors(ca)) {
+        return bad("ca", "a valid PEM certificate");
+    }
+    if tls.cert.as_deref().is_some_and(|cert| !certificates(cert)) {
+        return bad("cert", "a valid PEM certificate");
+    }
+    if tls.key.as_deref().is_some_and(|key| PrivateKeyDer::from_pem_slice(key.as_bytes()).is_err()) {
+        return bad("key", "a valid PEM private key");
+    }
+    Ok(())
+}
+
+/// Every certificate of `ca` is accepted as a trust anchor (as redis-rs requires).
+fn trust_anchors(ca: &str) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    let mut store = rustls::RootCertStore::empty();
+    rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()).all(|cert| cert.is_ok_and(|c| store.add(c).is_ok()))
 }
 
 fn certificates(tls: &TlsOptions) -> redis::TlsCertificates {
