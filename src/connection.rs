@@ -239,15 +239,23 @@ impl RedisLink {
         *self.state() = State::Idle;
     }
 
-    /// A dedicated connection subscribed to `channel`, confirmed by the server. A refusal
-    /// (unknown command, ACL) carries the server's error code; anything else does not.
-    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, RedisFailure> {
+    /// A dedicated connection subscribed to `channel`, confirmed by the server.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
         let connect = async {
-            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| RedisFailure::connect(&e))?;
-            pubsub.subscribe(channel).await.map_err(|e| RedisFailure::command(&e))?;
+            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+            pubsub.subscribe(channel).await.map_err(|e| {
+                let failure = RedisFailure::command(&e);
+                if refuses_subscribe(&e) {
+                    SubscribeFailure::Unsupported(failure)
+                } else {
+                    SubscribeFailure::Failed(failure)
+                }
+            })?;
             Ok(pubsub.into_on_message())
         };
-        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await.unwrap_or_else(|_| Err(RedisFailure::connect_timeout()))
+        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect)
+            .await
+            .unwrap_or_else(|_| Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())))
     }
 
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
@@ -291,6 +299,28 @@ impl RedisLink {
                 Err(RedisFailure::command_timeout())
             }
         }
+    }
+}
+
+/// Why a subscription could not be had.
+#[derive(Debug)]
+pub enum SubscribeFailure {
+    /// The server refuses SUBSCRIBE itself (unknown or renamed command, NOPERM): it will
+    /// keep refusing, so waiters poll for good.
+    Unsupported(RedisFailure),
+    /// Anything else, including a refused connection (AUTH, SELECT, maxclients): it may
+    /// pass, so waiters subscribe again later.
+    Failed(RedisFailure),
+}
+
+/// The reply to SUBSCRIBE says the command itself is refused, not the connection: NOPERM
+/// (an ACL without the channel or the command) or an unknown command. "max number of
+/// clients reached" and other ERRs say nothing about SUBSCRIBE.
+fn refuses_subscribe(err: &redis::RedisError) -> bool {
+    match err.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        _ => false,
     }
 }
 
