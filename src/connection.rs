@@ -151,31 +151,46 @@ impl RedisLink {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The shared connection, opened on first use.
+    /// The shared connection, opened on first use. The connect runs in its own task, so it
+    /// goes on (bounded by connectTimeoutMs) when every caller stopped waiting for it: a
+    /// waiter whose wait ended leaves it to the next caller, never half-done (decision 0004).
     pub async fn connection(self: &Arc<Self>) -> Result<Conn, RedisFailure> {
-        let (generation, attempt) = {
+        let attempt = {
             let mut state = self.state();
             match &*state {
                 State::Connected(conn) if !conn.is_closed() => return Ok(conn.clone()),
-                State::Connecting(generation, attempt) => (*generation, attempt.clone()),
+                State::Connecting(_, attempt) => attempt.clone(),
                 // Nothing open, or the open one was announced closed: connect anew.
                 State::Idle | State::Connected(_) => {
                     let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-                    let attempt = self.clone().open(generation).boxed().shared();
+                    let link = self.clone();
+                    let task = tokio::spawn(async move {
+                        let result = link.clone().open(generation).await;
+                        link.connected(generation, &result);
+                        result
+                    });
+                    let attempt = async move {
+                        task.await.unwrap_or_else(|_| Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "an internal error ended the connect")))
+                    }
+                    .boxed()
+                    .shared();
                     *state = State::Connecting(generation, attempt.clone());
-                    (generation, attempt)
+                    attempt
                 }
             }
         };
-        let result = attempt.await;
+        attempt.await
+    }
+
+    /// Records how the connect of `generation` ended, unless a newer one replaced it.
+    fn connected(&self, generation: u64, result: &Result<Conn, RedisFailure>) {
         let mut state = self.state();
         if matches!(&*state, State::Connecting(g, _) if *g == generation) {
-            *state = match &result {
+            *state = match result {
                 Ok(conn) if !self.closed.load(Ordering::Acquire) => State::Connected(conn.clone()),
                 _ => State::Idle,
             };
         }
-        result
     }
 
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {

@@ -164,6 +164,31 @@ async fn zero_wait_tries_once_so_it_waits_for_the_connect_up_to_connect_timeout(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_the_waiter_left_ends_on_its_own_and_the_next_caller_is_not_handed_its_stale_timeout() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let gate = Gate::start(Some(redis.port));
+    let d = driver(connection(&gate.url(), &[("connectTimeoutMs", Raw::Number(1000.0))]), "left-connect", &[]);
+    let err = d.acquire("k", Some(100), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::WaitTimeout);
+    // Long after connectTimeoutMs since that connect began, a zero-wait acquire starts, and
+    // the server answers just after: it must get a connect of its own, not the stale end
+    // of one nobody drove.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let next = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(0), CancellationToken::new()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gate.open();
+    let lease = next.await.unwrap().expect("a connect of its own");
+    d.release(&lease).await.unwrap();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_aborted_or_shut_down_while_connecting_never_sends_its_script() {
     if support::external() {
         return;
