@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
-use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
+use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::keys::{self, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifier;
@@ -252,7 +252,11 @@ impl Driver {
                     let mut reply = self.spawn_attempt(conn, keys.clone());
                     tokio::select! {
                         biased;
-                        r = &mut reply => r.unwrap_or_else(|_| Attempt::Failed(internal_failure())),
+                        r = &mut reply => match r {
+                            Ok(attempt) => attempt,
+                            // The attempt's task panicked: it may have run, so the wait ends.
+                            Err(_) => return Err(internal_error("acquire attempt")),
+                        },
                         _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
                         _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
                     }
@@ -481,12 +485,6 @@ pub(crate) fn internal_error(what: &str) -> LockError {
 /// The release task's answer; a panic in it is an internal error, not a Redis reply.
 fn released_or_internal(joined: Result<Result<bool, LockError>, tokio::task::JoinError>) -> Result<bool, LockError> {
     joined.unwrap_or_else(|_| Err(internal_error("release")))
-}
-
-/// An acquire attempt's task ended without an answer (it panicked): treated as an unknown
-/// outcome, which ends the wait and is never retried.
-fn internal_failure() -> RedisFailure {
-    RedisFailure::new(RedisErrorCode::UnexpectedReply, Outcome::Unknown, "an internal error ended the acquire attempt")
 }
 
 fn wait_timeout() -> LockError {
