@@ -69,6 +69,25 @@ impl From<LockError> for NativeError {
     }
 }
 
+/// A call whose task panicked: the work may or may not have reached Redis, so the outcome is
+/// unknown (decision 0015). Said as what it is, never as a Redis failure.
+fn internal_error(what: &str, code: LockErrorCode) -> NativeError {
+    NativeError {
+        code: code.as_str().to_owned(),
+        message: format!("an internal error (a panic) ended the {what}; its outcome is unknown"),
+        cause: None,
+        causes: None,
+    }
+}
+
+/// Test hook, read once: `DOKEBI_LOCK_REDIS_TEST_PANIC=acquire` makes every acquire's task
+/// panic, so the suite can see what a caller gets from a bug. Not an option; unset, it
+/// costs one load of a static.
+fn test_panic(call: &str) -> bool {
+    static PANICS: LazyLock<Option<String>> = LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_TEST_PANIC").ok());
+    PANICS.as_deref().is_some_and(|calls| calls.split(',').any(|c| c == call))
+}
+
 /// The codes of the contract, for `LockErrorCode` in index.js.
 #[napi]
 pub fn error_codes() -> Vec<&'static str> {
@@ -372,7 +391,11 @@ impl NativeDriver {
         let acquiring = checked.map(|(key, wait_ms)| {
             Box::pin(driver.acquire(&key, Some(wait_ms), cancel.map(|c| c.token.clone()).unwrap_or_default()))
         });
+        let panic_now = test_panic("acquire");
         settle::spawn(env, runtime(), async move {
+            if panic_now {
+                panic!("DOKEBI_LOCK_REDIS_TEST_PANIC: acquire");
+            }
             let acquired = match acquiring {
                 Ok(acquiring) => acquiring.await,
                 Err(e) => Err(e),
@@ -381,14 +404,16 @@ impl NativeDriver {
                 Ok(lease) => Either::A(NativeLease { driver, lease }),
                 Err(e) => Either::B(e.into()),
             }
-        })
+        }, || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)))
     }
 
     /// Resolves with nothing, or a `NativeError` (CLEANUP_TIMEOUT / CLEANUP_FAILED).
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn shutdown<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let driver = self.driver.clone();
-        settle::spawn(env, runtime(), async move { driver.shutdown().await.err().map(NativeError::from) })
+        settle::spawn(env, runtime(), async move { driver.shutdown().await.err().map(NativeError::from) }, || {
+            Some(internal_error("shutdown", LockErrorCode::CleanupFailed))
+        })
     }
 
     #[napi]
@@ -458,12 +483,14 @@ impl NativeLease {
                 Ok(released) => Either::A(released),
                 Err(e) => Either::B(e.into()),
             }
-        })
+        }, || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)))
     }
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn renew<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let renewing = self.driver.renew(&self.lease);
-        settle::spawn(env, runtime(), async move { renewing.await.err().map(NativeError::from) })
+        settle::spawn(env, runtime(), async move { renewing.await.err().map(NativeError::from) }, || {
+            Some(internal_error("renew", LockErrorCode::OutcomeUnknown))
+        })
     }
 }

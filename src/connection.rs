@@ -15,7 +15,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-use crate::error::{Outcome, RedisErrorCode, RedisFailure};
+use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
 use crate::events;
 use crate::options::{ConnectionOptions, TlsOptions};
 use crate::scripts::LuaScript;
@@ -97,10 +97,19 @@ impl ScriptCall {
 }
 
 impl RedisLink {
-    pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
+    /// Fails INVALID_OPTIONS naming the field at fault: the URL, or a TLS PEM.
+    pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, LockError> {
         if options.url.to_ascii_lowercase().starts_with("rediss://") {
             install_crypto_provider();
         }
+        if let Some(tls) = &options.tls {
+            check_pems(tls)?;
+        }
+        Self::build(options, driver_id)
+            .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))
+    }
+
+    fn build(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
         let info = options.url.as_str().into_connection_info()?;
         let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         let (client, resp3) = match &options.tls {
@@ -142,31 +151,46 @@ impl RedisLink {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The shared connection, opened on first use.
+    /// The shared connection, opened on first use. The connect runs in its own task, so it
+    /// goes on (bounded by connectTimeoutMs) when every caller stopped waiting for it: a
+    /// waiter whose wait ended leaves it to the next caller, never half-done (decision 0004).
     pub async fn connection(self: &Arc<Self>) -> Result<Conn, RedisFailure> {
-        let (generation, attempt) = {
+        let attempt = {
             let mut state = self.state();
             match &*state {
                 State::Connected(conn) if !conn.is_closed() => return Ok(conn.clone()),
-                State::Connecting(generation, attempt) => (*generation, attempt.clone()),
+                State::Connecting(_, attempt) => attempt.clone(),
                 // Nothing open, or the open one was announced closed: connect anew.
                 State::Idle | State::Connected(_) => {
                     let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-                    let attempt = self.clone().open(generation).boxed().shared();
+                    let link = self.clone();
+                    let task = tokio::spawn(async move {
+                        let result = link.clone().open(generation).await;
+                        link.connected(generation, &result);
+                        result
+                    });
+                    let attempt = async move {
+                        task.await.unwrap_or_else(|_| Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "an internal error ended the connect")))
+                    }
+                    .boxed()
+                    .shared();
                     *state = State::Connecting(generation, attempt.clone());
-                    (generation, attempt)
+                    attempt
                 }
             }
         };
-        let result = attempt.await;
+        attempt.await
+    }
+
+    /// Records how the connect of `generation` ended, unless a newer one replaced it.
+    fn connected(&self, generation: u64, result: &Result<Conn, RedisFailure>) {
         let mut state = self.state();
         if matches!(&*state, State::Connecting(g, _) if *g == generation) {
-            *state = match &result {
+            *state = match result {
                 Ok(conn) if !self.closed.load(Ordering::Acquire) => State::Connected(conn.clone()),
                 _ => State::Idle,
             };
         }
-        result
     }
 
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
@@ -230,15 +254,23 @@ impl RedisLink {
         *self.state() = State::Idle;
     }
 
-    /// A dedicated connection subscribed to `channel`, confirmed by the server. A refusal
-    /// (unknown command, ACL) carries the server's error code; anything else does not.
-    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, RedisFailure> {
+    /// A dedicated connection subscribed to `channel`, confirmed by the server.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
         let connect = async {
-            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| RedisFailure::connect(&e))?;
-            pubsub.subscribe(channel).await.map_err(|e| RedisFailure::command(&e))?;
+            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+            pubsub.subscribe(channel).await.map_err(|e| {
+                let failure = RedisFailure::command(&e);
+                if refuses_subscribe(&e) {
+                    SubscribeFailure::Unsupported(failure)
+                } else {
+                    SubscribeFailure::Failed(failure)
+                }
+            })?;
             Ok(pubsub.into_on_message())
         };
-        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await.unwrap_or_else(|_| Err(RedisFailure::connect_timeout()))
+        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect)
+            .await
+            .unwrap_or_else(|_| Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())))
     }
 
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
@@ -285,6 +317,28 @@ impl RedisLink {
     }
 }
 
+/// Why a subscription could not be had.
+#[derive(Debug)]
+pub enum SubscribeFailure {
+    /// The server refuses SUBSCRIBE itself (unknown or renamed command, NOPERM): it will
+    /// keep refusing, so waiters poll for good.
+    Unsupported(RedisFailure),
+    /// Anything else, including a refused connection (AUTH, SELECT, maxclients): it may
+    /// pass, so waiters subscribe again later.
+    Failed(RedisFailure),
+}
+
+/// The reply to SUBSCRIBE says the command itself is refused, not the connection: NOPERM
+/// (an ACL without the channel or the command) or an unknown command. "max number of
+/// clients reached" and other ERRs say nothing about SUBSCRIBE.
+fn refuses_subscribe(err: &redis::RedisError) -> bool {
+    match err.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        _ => false,
+    }
+}
+
 fn is_no_resp3(err: &redis::RedisError) -> bool {
     match err.code() {
         Some("NOPROTO") => true,
@@ -296,6 +350,37 @@ fn is_no_resp3(err: &redis::RedisError) -> bool {
 /// redis-rs takes rustls's process-wide crypto provider; install ring once if none is.
 fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Parses each PEM as redis-rs will, so that a malformed one is reported by its field rather
+/// than as a bad URL (the PEM's text is never repeated).
+fn check_pems(tls: &TlsOptions) -> Result<(), LockError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certificates = |pem: &str| {
+        let parsed: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
+        parsed.is_ok_and(|certs| !certs.is_empty())
+    };
+    let bad = |field: &str, what: &str| {
+        Err(LockError::new(LockErrorCode::InvalidOptions, format!("connection.tls.{field} is not {what}")))
+    };
+    if tls.ca.as_deref().is_some_and(|ca| !certificates(ca) || !trust_anchors(ca)) {
+        return bad("ca", "a valid PEM certificate");
+    }
+    if tls.cert.as_deref().is_some_and(|cert| !certificates(cert)) {
+        return bad("cert", "a valid PEM certificate");
+    }
+    if tls.key.as_deref().is_some_and(|key| PrivateKeyDer::from_pem_slice(key.as_bytes()).is_err()) {
+        return bad("key", "a valid PEM private key");
+    }
+    Ok(())
+}
+
+/// Every certificate of `ca` is accepted as a trust anchor (as redis-rs requires).
+fn trust_anchors(ca: &str) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    let mut store = rustls::RootCertStore::empty();
+    rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()).all(|cert| cert.is_ok_and(|c| store.add(c).is_ok()))
 }
 
 fn certificates(tls: &TlsOptions) -> redis::TlsCertificates {

@@ -5,17 +5,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
-use crate::error::{LockError, LockErrorCode, Outcome, RedisFailure};
+use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::keys::{self, KeyNames};
-use crate::lease::{new_token, Lease, Registry};
+use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
-use crate::scripts::{self, AcquireReply, ReleaseReply};
+use crate::scripts::{self, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
 
@@ -64,19 +64,11 @@ struct Admitted {
     deadline: Instant,
 }
 
-/// What one acquire attempt came to.
-enum Attempt {
-    Acquired(Arc<Lease>),
-    Busy(Option<i64>),
-    Failed(RedisFailure),
-}
-
 impl Driver {
     /// Validates nothing itself: pass options from [`crate::options`]. Connects lazily.
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
-        let link = RedisLink::new(connection, id)
-            .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))?;
+        let link = RedisLink::new(connection, id)?;
         let channel = keys::released_channel(&options.namespace);
         let notify = Arc::new(Notifier::new(id, channel.clone(), notifications_enabled()));
         Ok(Self {
@@ -227,7 +219,10 @@ impl Driver {
         }
 
         // A failure ridden out while waiting; reported if the wait ends on it.
-        let mut last_failure: Option<RedisFailure>;
+        let mut last_failure: Option<RedisFailure> = None;
+        // Nothing is submitted while connecting, so the wait's deadline cuts a connect; with
+        // waitTimeoutMs 0 ("tries once") only connectTimeoutMs bounds it (decision 0004).
+        let connect_until = (wait_ms > 0).then_some(deadline);
         // The waiter before us in this line acquired the key: it is held here, so asking
         // Redis now would only hear "busy". Wait for the release to be announced.
         let mut skip_attempt = wait_ms > 0 && place.line.held_here();
@@ -241,12 +236,31 @@ impl Driver {
                 continue;
             }
             inner.counters.attempt();
-            let mut reply = self.spawn_attempt(keys.clone());
-            let attempt = tokio::select! {
-                biased;
-                r = &mut reply => r.unwrap_or_else(|_| Attempt::Failed(RedisFailure::unexpected_reply())),
-                _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
-                _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
+            let connected = self
+                .unless_stopped(&cancel, async {
+                    tokio::select! {
+                        biased;
+                        conn = inner.link.connection() => Some(conn),
+                        _ = sleep_until_opt(connect_until) => None,
+                    }
+                })
+                .await?;
+            let attempt = match connected {
+                None => return Err(last_failure.map(LockError::from_redis).unwrap_or_else(wait_timeout)),
+                Some(Err(failure)) => Attempt::Failed(failure),
+                Some(Ok(conn)) => {
+                    let mut reply = self.spawn_attempt(conn, keys.clone());
+                    tokio::select! {
+                        biased;
+                        r = &mut reply => match r {
+                            Ok(attempt) => attempt,
+                            // The attempt's task panicked: it may have run, so the wait ends.
+                            Err(_) => return Err(internal_error("acquire attempt")),
+                        },
+                        _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
+                        _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
+                    }
+                }
             };
             let delay = match attempt {
                 Attempt::Acquired(lease) => {
@@ -328,16 +342,6 @@ impl Driver {
         }
     }
 
-    /// After giving up on an attempt in flight: closing the channel makes the attempt task
-    /// see the waiter gone and clean up any lease still to come; a lease that had already
-    /// arrived is cleaned up here, so none is dropped on the floor.
-    fn salvage(&self, mut reply: oneshot::Receiver<Attempt>) {
-        reply.close();
-        if let Ok(Attempt::Acquired(lease)) = reply.try_recv() {
-            self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.expiry_bound());
-        }
-    }
-
     /// How long a waiter sleeps without other news: notifyPollIntervalMs while release
     /// notifications are live, pollIntervalMs otherwise.
     fn safety_interval(&self) -> Duration {
@@ -346,158 +350,18 @@ impl Driver {
         Duration::from_millis(ms.into())
     }
 
-    fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
+    pub(crate) fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
         let max = self.inner.options.max_tracked_leases;
-        if self.inner.leases.insert(lease.clone(), max as usize) {
-            return Ok(lease);
-        }
-        // Other acquires filled the registry while this one was in flight: give it back.
-        lease.mark_released();
-        self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.expiry_bound());
-        Err(too_many_leases(max))
-    }
-
-    /// Runs one acquire script in its own task, so that a reply that arrives after the
-    /// caller gave up (aborted, timed out, shut down) is still seen and cleaned up.
-    fn spawn_attempt(&self, keys: Arc<KeyNames>) -> oneshot::Receiver<Attempt> {
-        let (tx, rx) = oneshot::channel();
-        let this = self.clone();
-        self.inner.tasks.spawn(async move {
-            let link = &this.inner.link;
-            let lease_ms = this.inner.options.lease_ms;
-            let token = new_token();
-            let call = ScriptCall {
-                script: &scripts::ACQUIRE,
-                keys: vec![keys.lock.clone(), keys.fence.clone()],
-                args: vec![token.clone(), lease_ms.to_string()],
-            };
-            let conn = match link.connection().await {
-                Ok(conn) => conn,
-                Err(failure) => {
-                    let _ = tx.send(Attempt::Failed(failure));
-                    return;
-                }
-            };
-            let submitted = Instant::now();
-            let eval = link.eval(&conn, &call);
-            tokio::pin!(eval);
-            let reply = tokio::select! {
-                reply = &mut eval => reply,
-                _ = tokio::time::sleep(link.command_timeout) => {
-                    link.forget(&conn);
-                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
-                    return this.chase_late_reply(eval, &keys, &token, submitted).await;
-                }
-            };
-            let attempt = match reply {
-                Ok(value) => match scripts::parse_acquire(&value) {
-                    Some(AcquireReply::Acquired(fence)) => {
-                        Attempt::Acquired(Arc::new(Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted)))
-                    }
-                    Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
-                    None => Attempt::Failed(RedisFailure::unexpected_reply()),
-                },
-                Err(failure) => Attempt::Failed(failure),
-            };
-            // An unknown outcome may have left our token in Redis: take it back by token
-            // once Redis answers, so it does not block the key for a whole lease.
-            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
-            let expiry = submitted + Duration::from_millis(lease_ms.into());
-            let unclaimed = tx.send(attempt).err();
-            if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
-                this.spawn_cleanup(keys, token, expiry);
-            }
-        });
-        rx
-    }
-
-    /// After an acquire timed out: its reply may still come on the stalled connection, or
-    /// never (a reply dropped on the way). Until the lease has surely expired, release the
-    /// token on a fresh connection now and then, and release again if a late reply says the
-    /// acquire won. A release that deleted our token ends it: the acquire ran already.
-    async fn chase_late_reply(
-        &self,
-        eval: std::pin::Pin<&mut impl Future<Output = Result<redis::Value, RedisFailure>>>,
-        keys: &Arc<KeyNames>,
-        token: &str,
-        submitted: Instant,
-    ) {
-        let mut eval = eval;
-        let options = &self.inner.options;
-        let give_up = submitted + Duration::from_millis(options.lease_ms.into()) + self.inner.link.command_timeout;
-        let mut pause = Duration::from_millis(options.poll_interval_ms.into());
-        loop {
-            tokio::select! {
-                reply = &mut eval => {
-                    let won = reply.ok().and_then(|v| scripts::parse_acquire(&v)).is_some_and(|r| matches!(r, AcquireReply::Acquired(_)));
-                    if won {
-                        if let Err(err) = self.clean_up(keys, token, give_up).await {
-                            self.note_cleanup_failure(err);
-                        }
-                    }
-                    return;
-                }
-                _ = tokio::time::sleep(pause) => {}
-            }
-            if Instant::now() >= give_up {
-                return;
-            }
-            if let Ok(true) = self.release_token(keys, token).await {
-                return;
-            }
-            pause = (pause * 2).min(Duration::from_secs(1));
-        }
-    }
-
-    fn note_cleanup_failure(&self, err: LockError) {
-        if self.inner.stopping.is_cancelled() {
-            self.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
-        }
-    }
-
-    /// Releases `token` in the background (decision 0005). A failure left when it gives up
-    /// while shutdown runs makes shutdown report CLEANUP_FAILED.
-    pub(crate) fn spawn_cleanup(&self, keys: Arc<KeyNames>, token: String, expiry: Instant) {
-        let this = self.clone();
-        self.inner.tasks.spawn(async move {
-            if let Err(err) = this.clean_up(&keys, &token, expiry).await {
-                this.note_cleanup_failure(err);
-            }
-        });
-    }
-
-    /// Releases `token`, trying again while the failure may pass (unknown outcome, no
-    /// connection, a stalled server) until the key has surely expired in Redis. Safe to
-    /// repeat: the script deletes only our own token.
-    pub(crate) async fn clean_up(&self, keys: &KeyNames, token: &str, expiry: Instant) -> Result<bool, LockError> {
-        let mut pause = Duration::from_millis(self.inner.options.poll_interval_ms.into());
-        loop {
-            let err = match self.release_token(keys, token).await {
-                Ok(released) => return Ok(released),
-                Err(err) => err,
-            };
-            let may_pass = err.cause.as_ref().is_some_and(|c| c.outcome == Outcome::Unknown || c.rides_out_waiting());
-            if !may_pass || Instant::now() + pause >= expiry {
-                return Err(err);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
-        }
-    }
-
-    /// One release script for `token`: true when it deleted our key.
-    pub(crate) async fn release_token(&self, keys: &KeyNames, token: &str) -> Result<bool, LockError> {
-        Ok(matches!(self.run_release(keys, token).await?, ReleaseReply::Deleted { .. }))
-    }
-
-    async fn run_release(&self, keys: &KeyNames, token: &str) -> Result<ReleaseReply, LockError> {
-        let call = ScriptCall {
-            script: &scripts::RELEASE,
-            keys: vec![keys.lock.clone()],
-            args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.clone()],
+        let refused = match self.inner.leases.insert(lease.clone(), max as usize) {
+            Ok(()) => return Ok(lease),
+            // Other acquires filled the registry while this one was in flight.
+            Err(Refused::Full) => too_many_leases(max),
+            // Shutdown already drained the registry: it would never release this one.
+            Err(Refused::Closed) => LockError::shut_down(),
         };
-        let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
-        scripts::parse_release(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
+        lease.mark_released();
+        self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.latest_expiry());
+        Err(refused)
     }
 
     /// `lease.release()`: true when this call deleted our key, false when it was no longer
@@ -518,9 +382,12 @@ impl Driver {
             // Tracked, so shutdown waits for releases in progress.
             let task = this.inner.tasks.spawn(async move {
                 let released = tracked.run_release(&lease.keys, &lease.token).await;
-                // A failed release stays tracked: shutdown tries it again.
                 if released.is_ok() {
                     tracked.inner.leases.remove(lease.id);
+                } else {
+                    // Still reported as failed, but released by token in the background
+                    // and untracked once the key is surely gone (decision 0006).
+                    tracked.finish_failed_release(lease.clone());
                 }
                 if let Ok(ReleaseReply::Deleted { listeners }) = released {
                     // Our own subscription is one of the listeners while it is live.
@@ -529,7 +396,7 @@ impl Driver {
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
             });
-            this.counted(task.await.unwrap_or_else(|_| Err(LockError::from_redis(RedisFailure::unexpected_reply()))))
+            this.counted(released_or_internal(task.await))
         }
     }
 
@@ -559,13 +426,22 @@ impl Driver {
             Err(failure) => {
                 if !failure.surely_not_applied() {
                     lease.invalidate();
+                    lease.may_have_written(Instant::now());
                 }
                 return Err(LockError::from_redis(failure));
             }
         };
+        let answered = Instant::now();
         match scripts::parse_flag(&value) {
-            Some(true) if lease.extend(submitted) => Ok(()),
-            Some(true) => Err(LockError::new(LockErrorCode::LeaseExpired, "the renew was confirmed after the lease expired")),
+            Some(true) => match lease.extend(submitted, answered) {
+                Ok(()) => Ok(()),
+                Err(NotExtended::Released) => {
+                    Err(LockError::new(LockErrorCode::LeaseExpired, "the lease was released while the renew was in flight"))
+                }
+                Err(NotExtended::Expired) => {
+                    Err(LockError::new(LockErrorCode::LeaseExpired, "the renew was confirmed after the lease expired"))
+                }
+            },
             Some(false) => {
                 lease.invalidate();
                 Err(LockError::new(LockErrorCode::LeaseLost, "the lock is no longer held by this lease"))
@@ -593,10 +469,70 @@ async fn precise_sleep(d: Duration) {
     let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
 }
 
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A task of ours ended without an answer (it panicked). The command may have run, so the
+/// outcome is unknown; the message says what happened, not a reply Redis never sent.
+pub(crate) fn internal_error(what: &str) -> LockError {
+    LockError::new(LockErrorCode::OutcomeUnknown, format!("an internal error ended the {what}; its outcome is unknown"))
+}
+
+/// The release task's answer; a panic in it is an internal error, not a Redis reply.
+fn released_or_internal(joined: Result<Result<bool, LockError>, tokio::task::JoinError>) -> Result<bool, LockError> {
+    joined.unwrap_or_else(|_| Err(internal_error("release")))
+}
+
 fn wait_timeout() -> LockError {
     LockError::new(LockErrorCode::WaitTimeout, "the wait for the lock ran out")
 }
 
 fn too_many_leases(max: u32) -> LockError {
     LockError::new(LockErrorCode::TooManyLeases, format!("maxTrackedLeases ({max}) leases are already tracked"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::{parse_backend, parse_connection, Raw};
+
+    fn nowhere() -> Driver {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let conn = parse_connection(&Raw::String(format!("redis://127.0.0.1:{port}"))).unwrap();
+        let backend = parse_backend(&Raw::Object(vec![
+            ("driver".to_owned(), Raw::String("redis".into())),
+            ("connection".to_owned(), Raw::String("main".into())),
+            ("namespace".to_owned(), Raw::String("t".into())),
+            ("shutdownTimeoutMs".to_owned(), Raw::Number(200.0)),
+        ]))
+        .unwrap();
+        Driver::new(&conn, backend).unwrap()
+    }
+
+    /// The race of issue 10 point 5 made deterministic: a reply that was already waiting is
+    /// handed to `track` after shutdown drained the registry.
+    #[tokio::test]
+    async fn a_lease_handed_over_after_shutdown_drained_the_registry_is_refused_not_tracked() {
+        let d = nowhere();
+        let _ = d.shutdown().await;
+        let now = Instant::now();
+        let lease = Arc::new(Lease::new(Arc::new(KeyNames::new("t", "k")), "0".repeat(32), "1".into(), 10_000, now, now));
+        let err = d.track(lease.clone()).unwrap_err();
+        assert_eq!(err.code, LockErrorCode::ShutDown);
+        assert_eq!(d.tracked_leases(), 0, "tracked where shutdown no longer looks");
+        assert!(!lease.valid(), "given back (released by token), never handed to the caller");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_release_task_says_an_internal_error_happened() {
+        let joined = tokio::spawn(async { panic!("a bug") }).await.map(|()| Ok::<bool, LockError>(true));
+        let err = released_or_internal(joined).unwrap_err();
+        assert_eq!(err.code, LockErrorCode::OutcomeUnknown);
+        assert!(err.message.contains("internal error"), "{}", err.message);
+        assert!(!err.message.contains("never produce"), "{}", err.message);
+    }
 }

@@ -16,16 +16,54 @@ enum State {
     Invalid,
 }
 
+/// When a key written with `PX leaseMs` at `written` expires in Redis. The one expiry
+/// formula: with the write's submission it gives the earliest expiry (the local deadline),
+/// with the moment its reply came (or we stopped waiting for it) the latest.
+pub fn key_expiry(written: Instant, lease_ms: u32) -> Instant {
+    written + Duration::from_millis(lease_ms.into())
+}
+
 /// A lease. Its deadline counts from the submission of the command that set it, on the
 /// monotonic clock, so the local estimate is never later than Redis's expiry.
-#[derive(Debug)]
 pub struct Lease {
     pub id: u64,
     pub keys: Arc<KeyNames>,
     pub token: String,
     pub fence: String,
     pub lease_ms: u32,
-    inner: Mutex<(State, Instant)>,
+    inner: Mutex<Times>,
+}
+
+#[derive(Clone, Copy)]
+struct Times {
+    state: State,
+    /// The earliest moment Redis may expire the key: valid until then.
+    deadline: Instant,
+    /// The latest moment Redis may still hold the key: cleanup by token ends there.
+    latest: Instant,
+}
+
+/// The token is the lock's secret: it never reaches a log, not even a debug print.
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.id)
+            .field("keys", &self.keys)
+            .field("token", &"<redacted>")
+            .field("fence", &self.fence)
+            .field("lease_ms", &self.lease_ms)
+            .field("state", &self.lock().state)
+            .finish()
+    }
+}
+
+/// Why a confirmed renew did not extend the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotExtended {
+    /// `release()` was called while the renew was in flight.
+    Released,
+    /// The confirmation came after the local deadline (or the lease was already invalid).
+    Expired,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -38,103 +76,137 @@ pub fn new_token() -> String {
 }
 
 impl Lease {
-    pub fn new(keys: Arc<KeyNames>, token: String, fence: String, lease_ms: u32, submitted: Instant) -> Self {
-        let deadline = submitted + Duration::from_millis(lease_ms.into());
-        Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), keys, token, fence, lease_ms, inner: Mutex::new((State::Held, deadline)) }
+    /// A lease set by a command submitted at `submitted` whose reply came at `answered`.
+    pub fn new(keys: Arc<KeyNames>, token: String, fence: String, lease_ms: u32, submitted: Instant, answered: Instant) -> Self {
+        let times = Times { state: State::Held, deadline: key_expiry(submitted, lease_ms), latest: key_expiry(answered, lease_ms) };
+        Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), keys, token, fence, lease_ms, inner: Mutex::new(times) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (State, Instant)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Times> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn valid(&self) -> bool {
-        let (state, deadline) = *self.lock();
-        state == State::Held && Instant::now() < deadline
+        let times = *self.lock();
+        times.state == State::Held && Instant::now() < times.deadline
     }
 
     /// Milliseconds left, rounded down; 0 once not valid.
     pub fn remaining_ms(&self) -> u64 {
-        let (state, deadline) = *self.lock();
-        if state != State::Held {
+        let times = *self.lock();
+        if times.state != State::Held {
             return 0;
         }
-        deadline.saturating_duration_since(Instant::now()).as_millis() as u64
+        times.deadline.saturating_duration_since(Instant::now()).as_millis() as u64
     }
 
     /// Marks the lease released; false when it already was, so a second `release()` asks
     /// Redis nothing.
     pub fn mark_released(&self) -> bool {
         let mut inner = self.lock();
-        let first = inner.0 != State::Released;
-        inner.0 = State::Released;
+        let first = inner.state != State::Released;
+        inner.state = State::Released;
         first
     }
 
     /// Never valid again (lost, unknown outcome, or a renew that came back too late).
     pub fn invalidate(&self) {
         let mut inner = self.lock();
-        if inner.0 == State::Held {
-            inner.0 = State::Invalid;
+        if inner.state == State::Held {
+            inner.state = State::Invalid;
         }
     }
 
-    /// Applies a confirmed renew submitted at `submitted`. A reply that arrives after the
-    /// local deadline cannot bring the lease back: it becomes invalid for good.
-    pub fn extend(&self, submitted: Instant) -> bool {
+    /// A renew whose outcome is unknown may have extended the key in Redis until
+    /// `key_expiry(at)`: cleanup must go on that long.
+    pub fn may_have_written(&self, at: Instant) {
         let mut inner = self.lock();
-        let (state, deadline) = *inner;
-        if state != State::Held {
-            return false;
-        }
-        if Instant::now() >= deadline {
-            inner.0 = State::Invalid;
-            return false;
-        }
-        inner.1 = deadline.max(submitted + Duration::from_millis(self.lease_ms.into()));
-        true
+        inner.latest = inner.latest.max(key_expiry(at, self.lease_ms));
     }
 
-    /// When Redis expires the key at the latest (for bounding background cleanup).
-    pub fn expiry_bound(&self) -> Instant {
-        self.lock().1
+    /// Applies a renew submitted at `submitted` and confirmed at `answered`. A reply that
+    /// arrives after the local deadline cannot bring the lease back: it becomes invalid for
+    /// good. Redis extended the key either way, so the latest expiry moves on regardless.
+    pub fn extend(&self, submitted: Instant, answered: Instant) -> Result<(), NotExtended> {
+        let mut inner = self.lock();
+        inner.latest = inner.latest.max(key_expiry(answered, self.lease_ms));
+        match inner.state {
+            State::Released => return Err(NotExtended::Released),
+            State::Invalid => return Err(NotExtended::Expired),
+            State::Held => {}
+        }
+        if Instant::now() >= inner.deadline {
+            inner.state = State::Invalid;
+            return Err(NotExtended::Expired);
+        }
+        inner.deadline = inner.deadline.max(key_expiry(submitted, self.lease_ms));
+        Ok(())
+    }
+
+    /// The latest moment Redis may still hold the key (the last write's reply, or the
+    /// moment we stopped waiting for it, + leaseMs): past it, the key is surely gone and
+    /// cleanup by token has nothing left to do. Not the deadline: that is the earliest.
+    pub fn latest_expiry(&self) -> Instant {
+        self.lock().latest
     }
 }
 
 /// The leases this backend tracks, so shutdown can release them.
 #[derive(Debug, Default)]
 pub struct Registry {
-    leases: Mutex<HashMap<u64, Arc<Lease>>>,
+    leases: Mutex<Tracked>,
+}
+
+#[derive(Debug, Default)]
+struct Tracked {
+    map: HashMap<u64, Arc<Lease>>,
+    /// Set by shutdown's drain, under the same lock: a lease arriving after it is refused,
+    /// so none is tracked where shutdown will never look.
+    closed: bool,
+}
+
+/// Why [`Registry::insert`] refused a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Full,
+    Closed,
 }
 
 impl Registry {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Lease>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, Tracked> {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn len(&self) -> usize {
-        self.map().len()
+        self.map().map.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Tracks the lease unless `max` are tracked already.
-    pub fn insert(&self, lease: Arc<Lease>, max: usize) -> bool {
-        let mut map = self.map();
-        if map.len() >= max {
-            return false;
+    /// Tracks the lease unless `max` are tracked already or the registry was closed.
+    pub fn insert(&self, lease: Arc<Lease>, max: usize) -> Result<(), Refused> {
+        let mut tracked = self.map();
+        if tracked.closed {
+            return Err(Refused::Closed);
         }
-        map.insert(lease.id, lease);
-        true
+        if tracked.map.len() >= max {
+            return Err(Refused::Full);
+        }
+        tracked.map.insert(lease.id, lease);
+        Ok(())
     }
 
     pub fn remove(&self, id: u64) {
-        self.map().remove(&id);
+        self.map().map.remove(&id);
     }
 
-    pub fn drain(&self) -> Vec<Arc<Lease>> {
-        self.map().drain().map(|(_, l)| l).collect()
+    /// Empties the registry for good (shutdown): later inserts are refused.
+    pub fn close(&self) -> Vec<Arc<Lease>> {
+        let mut tracked = self.map();
+        tracked.closed = true;
+        tracked.map.drain().map(|(_, l)| l).collect()
     }
 }
 
@@ -143,7 +215,7 @@ mod tests {
     use super::*;
 
     fn lease(ms: u32, submitted: Instant) -> Lease {
-        Lease::new(Arc::new(KeyNames::new("t", "k")), new_token(), "1".into(), ms, submitted)
+        Lease::new(Arc::new(KeyNames::new("t", "k")), new_token(), "1".into(), ms, submitted, submitted)
     }
 
     #[test]
@@ -164,24 +236,25 @@ mod tests {
         assert!(!l.mark_released(), "second release is a no-op");
         assert!(!l.valid());
         assert_eq!(l.remaining_ms(), 0);
-        assert!(!l.extend(Instant::now()));
+        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
         let u = lease(10_000, Instant::now());
         u.invalidate();
-        assert!(!u.extend(Instant::now()));
+        assert_eq!(u.extend(Instant::now(), Instant::now()), Err(NotExtended::Expired));
         assert!(!u.valid());
     }
 
     #[test]
     fn a_renew_confirmed_after_the_local_deadline_leaves_the_lease_invalid() {
         let l = lease(50, Instant::now() - Duration::from_millis(60));
-        assert!(!l.extend(Instant::now()));
+        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Expired));
         assert!(!l.valid());
     }
 
     #[test]
     fn a_renew_extends_from_its_own_submission_and_never_shortens() {
         let l = lease(1000, Instant::now());
-        assert!(l.extend(Instant::now() - Duration::from_millis(900)));
+        let earlier = Instant::now() - Duration::from_millis(900);
+        assert!(l.extend(earlier, earlier).is_ok());
         assert!(l.remaining_ms() > 900, "a renew submitted earlier must not shorten the lease");
     }
 
@@ -195,9 +268,46 @@ mod tests {
     #[test]
     fn registry_refuses_past_its_limit() {
         let r = Registry::default();
-        assert!(r.insert(Arc::new(lease(1000, Instant::now())), 1));
-        assert!(!r.insert(Arc::new(lease(1000, Instant::now())), 1));
-        assert_eq!(r.drain().len(), 1);
+        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Ok(()));
+        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Err(Refused::Full));
+        assert_eq!(r.close().len(), 1);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_lease_arriving_after_shutdown_closed_the_registry_is_refused() {
+        let r = Registry::default();
+        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Ok(()));
+        assert_eq!(r.close().len(), 1);
+        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Err(Refused::Closed));
+        assert!(r.is_empty(), "nothing is tracked where shutdown no longer looks");
+    }
+
+    #[test]
+    fn a_debug_print_of_a_lease_never_shows_its_token() {
+        let l = lease(1000, Instant::now());
+        let printed = format!("{l:?} {l:#?}");
+        assert!(!printed.contains(&l.token), "{printed}");
+        assert!(printed.contains("<redacted>") && printed.contains(&l.fence));
+    }
+
+    #[test]
+    fn the_earliest_expiry_counts_from_submission_and_the_latest_from_the_reply() {
+        let submitted = Instant::now() - Duration::from_millis(300);
+        let answered = Instant::now() - Duration::from_millis(100);
+        let l = Lease::new(Arc::new(KeyNames::new("t", "k")), new_token(), "1".into(), 1000, submitted, answered);
+        assert_eq!(l.latest_expiry(), key_expiry(answered, 1000));
+        assert!(l.remaining_ms() <= 700, "valid only until the earliest expiry: {}", l.remaining_ms());
+        // A renew whose outcome is unknown may have moved Redis's expiry on.
+        let later = Instant::now();
+        l.may_have_written(later);
+        assert_eq!(l.latest_expiry(), key_expiry(later, 1000));
+    }
+
+    #[test]
+    fn a_renew_confirmed_after_release_was_called_says_released() {
+        let l = lease(10_000, Instant::now());
+        l.mark_released();
+        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! Everything but [`binding`] is plain Rust with no napi types, tested by `cargo test`.
 
+mod attempt;
+mod cleanup;
 pub mod connection;
 pub mod driver;
 pub mod error;

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connection::RedisLink;
+use crate::connection::{RedisLink, SubscribeFailure};
 use crate::error::RedisFailure;
 use crate::events;
 use crate::waiters::Lines;
@@ -27,7 +27,7 @@ pub enum SubscriptionState {
     Off,
     Starting,
     Live,
-    /// The server refused SUBSCRIBE (unknown command, ACL): poll for good.
+    /// The server refuses SUBSCRIBE itself (unknown command, NOPERM): poll for good.
     Unsupported,
     /// The connection failed at this moment.
     Failed(Instant),
@@ -113,7 +113,8 @@ impl Notifier {
         };
         let mut messages = match subscribed {
             Ok(messages) => messages,
-            Err(failure) => return self.failed(failure, &link, &lines),
+            Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
+            Err(SubscribeFailure::Failed(failure)) => return self.failed(failure, &link, &lines),
         };
         *self.lock() = SubscriptionState::Live;
         self.subscriptions.fetch_add(1, Ordering::Relaxed);
@@ -156,25 +157,30 @@ impl Notifier {
         *self.lock() = SubscriptionState::Off;
     }
 
-    fn failed(&self, failure: RedisFailure, link: &RedisLink, lines: &Lines) {
-        let refused = failure.server_code.is_some();
-        if !refused {
-            // Whatever closed this connection (a restart, a network cut) likely closed the
-            // command connection too; the waiters woken below must not race its death.
-            link.forget_current();
-        }
+    /// The server refuses SUBSCRIBE itself: poll for good, said once.
+    fn unsupported(&self, lines: &Lines) {
         let mut state = self.lock();
         // Waiters asleep for notifyPollIntervalMs must move to the faster pollIntervalMs.
         lines.wake_all();
-        if refused {
-            if *state != SubscriptionState::Unsupported {
-                events::notify_unsupported(self.driver_id);
-            }
-            *state = SubscriptionState::Unsupported;
-        } else {
-            events::notify_failed(self.driver_id, &failure);
-            *state = SubscriptionState::Failed(Instant::now());
+        if *state != SubscriptionState::Unsupported {
+            events::notify_unsupported(self.driver_id);
         }
+        *state = SubscriptionState::Unsupported;
+    }
+
+    /// The subscription failed or was lost, or its connection was refused (maxclients,
+    /// AUTH): poll, and subscribe again when waiters come back after 5 s.
+    fn failed(&self, failure: RedisFailure, link: &RedisLink, lines: &Lines) {
+        if failure.server_code.is_none() {
+            // Whatever closed this connection (a restart, a network cut) likely closed the
+            // command connection too; the waiters woken below must not race its death. A
+            // server's refusal (maxclients) says nothing about the open command connection.
+            link.forget_current();
+        }
+        let mut state = self.lock();
+        lines.wake_all();
+        events::notify_failed(self.driver_id, &failure);
+        *state = SubscriptionState::Failed(Instant::now());
     }
 }
 

@@ -26,13 +26,13 @@ impl Driver {
         inner.stopping.cancel();
         let releases: Vec<_> = inner
             .leases
-            .drain()
+            .close()
             .into_iter()
             .map(|lease| {
                 lease.mark_released();
                 let this = self.clone();
                 // Spawned: past the timeout they go on, and late confirmations still clean up.
-                inner.tasks.spawn(async move { this.clean_up(&lease.keys, &lease.token, lease.expiry_bound()).await })
+                inner.tasks.spawn(async move { this.clean_up(&lease.keys, &lease.token, lease.latest_expiry()).await })
             })
             .collect();
         inner.tasks.close();

@@ -155,6 +155,36 @@ async fn a_refused_subscription_falls_back_to_polling_for_good() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_connection_whose_handshake_is_refused_is_a_failure_not_unsupported() {
+    if support::external() {
+        return;
+    }
+    // The command connection is open; then the user's password changes, so the subscribe
+    // connection's AUTH is refused (WRONGPASS). That refuses the connection, not SUBSCRIBE:
+    // it may pass (as "max number of clients reached" to AUTH does), so the backend must
+    // subscribe again later rather than poll for good.
+    let redis = RedisServer::start();
+    redis.command(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all"]);
+    let acl_url = redis.url().replace("redis://", "redis://locker:pw@");
+    let d = driver(url(&acl_url), "handshake", &[("pollIntervalMs", 20.0)]);
+    let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
+    redis.command(&["ACL", "SETUSER", "locker", "resetpass", ">changed"]);
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
+    });
+    eventually("the refused subscription", Duration::from_secs(3), || {
+        matches!(d.subscription_state(), SubscriptionState::Failed(_) | SubscriptionState::Unsupported)
+    })
+    .await;
+    assert!(matches!(d.subscription_state(), SubscriptionState::Failed(_)), "{:?}: it must subscribe again later", d.subscription_state());
+    // The open command connection was left alone: the waiter polls and gets the lock.
+    d.release(&held).await.unwrap();
+    waiter.await.unwrap().unwrap();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays() {
     let redis = RedisServer::start();
     let d = driver(url(redis.url()), "killed", &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)]);

@@ -210,6 +210,30 @@ describe('stall after write', () => {
     proxy.release(); // new connections work again; the lost reply is gone for good
     await eventually('the orphan lock to be released by token', async () => (await exists(lockKey)) === 0, { timeoutMs: 2500 });
   });
+
+  test('a held reply that ends in a connection reset: the acquire that took effect is still released by token, well before leaseMs', {
+    skip,
+  }, async (t) => {
+    const proxy = await proxyFor(t, redis.port);
+    const m = await monitorFor(t);
+    const ns = uniqueNamespace('stall-reset');
+    const lockKey = lockKeyOf(ns, 'k');
+    const d = driverVia(t, proxy, ns);
+    await warmUp(d);
+    proxy.stallAfterWrite();
+    const err = await within(3000, failure(d.acquire('k')), 'the acquire');
+    assertRedisFailure(assert, err, { lockCode: 'OUTCOME_UNKNOWN', code: 'COMMAND_TIMEOUT', outcome: 'unknown' });
+    await m.until((e) => scriptCommands([e], 'acquire', lockKey).length === 1);
+    assert.equal(await exists(lockKey), 1, 'the acquire took effect in Redis');
+    // The late reply never comes: its connection is reset (an error, not a "busy"), and
+    // the held replies of every other connection are gone with it.
+    proxy.killAll({ reset: true });
+    proxy.release();
+    const resetAt = performance.now();
+    await eventually('the orphan lock to be released by token', async () => (await exists(lockKey)) === 0, { timeoutMs: 3000 });
+    const cleaned = performance.now() - resetAt;
+    assert.ok(cleaned < LONG_LEASE_MS / 4, `cleaned up ${cleaned.toFixed(0)} ms after the reset; leaseMs ${LONG_LEASE_MS}`);
+  });
 });
 
 // ------------------------------------------------------------------------------------

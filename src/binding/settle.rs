@@ -135,9 +135,10 @@ fn check(status: sys::napi_status) -> Result<()> {
 }
 
 /// Like `env.spawn_future`: runs `future` on `runtime` and resolves the returned promise
-/// with its output on this JS thread. A panic rejects the promise instead of leaving it
-/// pending forever (which would also keep Node alive).
-pub fn spawn<'env, T, F>(env: &'env Env, runtime: &tokio::runtime::Handle, future: F) -> Result<PromiseRaw<'env, T>>
+/// with its output on this JS thread. A panic settles it with `on_panic()` (a LockError
+/// that says an internal error happened) instead of leaving it pending forever, which
+/// would also keep Node alive.
+pub fn spawn<'env, T, F>(env: &'env Env, runtime: &tokio::runtime::Handle, future: F, on_panic: fn() -> T) -> Result<PromiseRaw<'env, T>>
 where
     T: ToNapiValue + Send + 'static,
     F: Future<Output = T> + Send + 'static,
@@ -160,7 +161,10 @@ where
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
             match AssertUnwindSafe(future).catch_unwind().await {
                 Ok(output) => Box::new(move |env| unsafe { T::to_napi_value(env, output) }),
-                Err(_) => Box::new(|_| Err(Error::from_reason("@dokebi/lock-redis: internal panic"))),
+                Err(_) => {
+                    let output = on_panic();
+                    Box::new(move |env| unsafe { T::to_napi_value(env, output) })
+                }
             };
         let data = Box::into_raw(Box::new(Settlement { deferred, value }));
         let guard = lock(&handle);

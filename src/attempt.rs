@@ -1,0 +1,158 @@
+//! One acquire attempt's life: the script runs in its own task on a connection the waiter
+//! already holds, so nothing is sent for a caller that left while connecting, and a reply
+//! that arrives after the caller gave up is still seen and cleaned up (decisions 0004, 0005).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::connection::{Conn, ScriptCall};
+use crate::driver::Driver;
+use crate::error::{Outcome, RedisFailure};
+use crate::keys::KeyNames;
+use crate::lease::{key_expiry, new_token, Lease};
+use crate::scripts::{self, AcquireReply};
+
+/// What one acquire attempt came to.
+pub(crate) enum Attempt {
+    Acquired(Arc<Lease>),
+    Busy(Option<i64>),
+    Failed(RedisFailure),
+}
+
+/// Whether a reply to an acquire may mean it took the key: anything but a plain "busy"
+/// or a refusal before the script ran (an error after a stall, a cut or unparseable reply).
+fn may_have_won(reply: &Result<redis::Value, RedisFailure>) -> bool {
+    match reply {
+        Ok(value) => !matches!(scripts::parse_acquire(value), Some(AcquireReply::Busy(_))),
+        Err(failure) => !failure.surely_not_applied(),
+    }
+}
+
+impl Driver {
+    /// Runs one acquire script on `conn` in its own task. If the waiter left before the
+    /// task got to send it, nothing is sent.
+    pub(crate) fn spawn_attempt(&self, conn: Conn, keys: Arc<KeyNames>) -> oneshot::Receiver<Attempt> {
+        let (tx, rx) = oneshot::channel();
+        let this = self.clone();
+        self.inner.tasks.spawn(async move {
+            if tx.is_closed() {
+                return; // aborted, timed out or shut down before submission: never submitted
+            }
+            let link = &this.inner.link;
+            let lease_ms = this.inner.options.lease_ms;
+            let token = new_token();
+            let call = ScriptCall {
+                script: &scripts::ACQUIRE,
+                keys: vec![keys.lock.clone(), keys.fence.clone()],
+                args: vec![token.clone(), lease_ms.to_string()],
+            };
+            let submitted = Instant::now();
+            let eval = link.eval(&conn, &call);
+            tokio::pin!(eval);
+            let reply = tokio::select! {
+                reply = &mut eval => reply,
+                _ = tokio::time::sleep(link.command_timeout) => {
+                    link.forget(&conn);
+                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
+                    // We stop waiting now: a key it set lives until now + leaseMs, if the
+                    // command ran by now (decision 0005 on a reply that never comes).
+                    let gone_by = key_expiry(Instant::now(), lease_ms);
+                    return this.chase_late_reply(eval, &keys, &token, gone_by).await;
+                }
+            };
+            let answered = Instant::now();
+            let attempt = match reply {
+                Ok(value) => match scripts::parse_acquire(&value) {
+                    Some(AcquireReply::Acquired(fence)) => {
+                        let lease = Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted, answered);
+                        this.won(&conn, lease).await
+                    }
+                    Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
+                    None => Attempt::Failed(RedisFailure::unexpected_reply()),
+                },
+                Err(failure) => Attempt::Failed(failure),
+            };
+            // An unknown outcome may have left our token in Redis: take it back by token
+            // once Redis answers, so it does not block the key for a whole lease.
+            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
+            let unclaimed = tx.send(attempt).err();
+            if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
+                this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
+            }
+        });
+        rx
+    }
+
+    /// The acquire's reply on `conn` was parsed as a win. Work that must happen before the
+    /// caller gets the lease (e.g. waiting for replicas on this same connection) goes here;
+    /// a lease that then turns out not to be handed over is cleaned up by the caller.
+    async fn won(&self, _conn: &Conn, lease: Lease) -> Attempt {
+        Attempt::Acquired(Arc::new(lease))
+    }
+
+    /// After giving up on an attempt in flight: closing the channel makes the attempt task
+    /// see the waiter gone (before submission it sends nothing; after, it cleans up any
+    /// lease still to come); a lease that had already arrived is cleaned up here, so none
+    /// is dropped on the floor.
+    pub(crate) fn salvage(&self, mut reply: oneshot::Receiver<Attempt>) {
+        reply.close();
+        if let Ok(Attempt::Acquired(lease)) = reply.try_recv() {
+            self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.latest_expiry());
+        }
+    }
+
+    /// After an acquire timed out: its reply may still come on the stalled connection, or
+    /// never (a reply dropped on the way). Until `gone_by`, release the token on a fresh
+    /// connection now and then, and release again if a late reply may be a win. A release
+    /// that deleted our token ends it: the acquire ran already.
+    async fn chase_late_reply(
+        &self,
+        mut eval: Pin<&mut impl Future<Output = Result<redis::Value, RedisFailure>>>,
+        keys: &Arc<KeyNames>,
+        token: &str,
+        gone_by: Instant,
+    ) {
+        let mut backoff = self.backoff();
+        loop {
+            tokio::select! {
+                reply = &mut eval => {
+                    if may_have_won(&reply) {
+                        if let Err(err) = self.clean_up(keys, token, gone_by).await {
+                            self.note_cleanup_failure(err);
+                        }
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(backoff.next()) => {}
+            }
+            if Instant::now() >= gone_by {
+                return;
+            }
+            if let Ok(true) = self.release_token(keys, token).await {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::RedisErrorCode;
+
+    #[test]
+    fn only_a_plain_busy_or_a_refusal_is_surely_not_a_win() {
+        let busy = redis::Value::Int(1200);
+        assert!(!may_have_won(&Ok(busy)));
+        assert!(may_have_won(&Ok(redis::Value::BulkString(b"17".to_vec()))));
+        assert!(may_have_won(&Ok(redis::Value::SimpleString("what".into()))), "an unparseable reply may be a win");
+        let lost = RedisFailure::new(RedisErrorCode::ConnectionLost, Outcome::Unknown, "lost");
+        assert!(may_have_won(&Err(lost)), "a connection reset after a stall may hide a win");
+        let rejected = RedisFailure::new(RedisErrorCode::CommandRejected, Outcome::Rejected, "no");
+        assert!(!may_have_won(&Err(rejected)));
+    }
+}
