@@ -15,6 +15,7 @@ use crate::keys::{self, KeyNames};
 use crate::lease::{new_token, Lease, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
+use crate::replicas::Replicas;
 use crate::scripts::{self, AcquireReply, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
@@ -37,6 +38,8 @@ pub(crate) struct Inner {
     pub notify: Arc<Notifier>,
     pub in_progress: InProgress,
     pub counters: Counters,
+    /// Issue 11: WAIT for minReplicas after a winning acquire and a renew.
+    pub replicas: Replicas,
     /// Cancelled when shutdown begins: stops every wait.
     pub stopping: CancellationToken,
     /// Every task that talks to Redis, so shutdown can wait for them.
@@ -77,6 +80,11 @@ impl Driver {
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
         let link = RedisLink::new(connection, id)
             .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))?;
+        // Issue 11: a Cluster cannot promise WAIT runs on the node connection that wrote (decision 0025).
+        if options.min_replicas > 0 && connection.cluster {
+            return Err(LockError::new(LockErrorCode::InvalidOptions, "options.minReplicas needs a single Redis, not connection.cluster"));
+        }
+        let replicas = Replicas::new(&options, link.command_timeout);
         let channel = keys::released_channel(&options.namespace);
         let notify = Arc::new(Notifier::new(id, channel.clone(), notifications_enabled()));
         Ok(Self {
@@ -90,6 +98,7 @@ impl Driver {
                 notify,
                 in_progress: InProgress::default(),
                 counters: Counters::default(),
+                replicas,
                 stopping: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 cleanup_failures: Mutex::new(Vec::new()),
@@ -389,19 +398,26 @@ impl Driver {
                     return this.chase_late_reply(eval, &keys, &token, submitted).await;
                 }
             };
+            let mut unreplicated = false;
             let attempt = match reply {
                 Ok(value) => match scripts::parse_acquire(&value) {
-                    Some(AcquireReply::Acquired(fence)) => {
-                        Attempt::Acquired(Arc::new(Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted)))
-                    }
+                    // Issue 11: no lease before minReplicas replicas have the win (and its fence).
+                    Some(AcquireReply::Acquired(fence)) => match this.inner.replicas.confirm(link, &conn).await {
+                        Ok(()) => Attempt::Acquired(Arc::new(Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted))),
+                        Err(failure) => {
+                            unreplicated = true;
+                            Attempt::Failed(failure)
+                        }
+                    },
                     Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
                     None => Attempt::Failed(RedisFailure::unexpected_reply()),
                 },
                 Err(failure) => Attempt::Failed(failure),
             };
             // An unknown outcome may have left our token in Redis: take it back by token
-            // once Redis answers, so it does not block the key for a whole lease.
-            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
+            // once Redis answers, so it does not block the key for a whole lease. So is a
+            // win too few replicas acknowledged (issue 11).
+            let unknown = unreplicated || matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
             let expiry = submitted + Duration::from_millis(lease_ms.into());
             let unclaimed = tx.send(attempt).err();
             if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
@@ -554,7 +570,7 @@ impl Driver {
             keys: vec![lease.keys.lock.clone()],
             args: vec![lease.token.clone(), lease.lease_ms.to_string()],
         };
-        let (value, submitted) = match self.inner.link.run(&call).await {
+        let (value, submitted, conn) = match self.inner.link.run_on(&call).await {
             Ok(reply) => reply,
             Err(failure) => {
                 if !failure.surely_not_applied() {
@@ -563,6 +579,11 @@ impl Driver {
                 return Err(LockError::from_redis(failure));
             }
         };
+        // Issue 11: the extension counts once minReplicas replicas have it; until then the
+        // lease keeps its old deadline, which every replica agrees with (decision 0027).
+        if scripts::parse_flag(&value) == Some(true) {
+            self.inner.replicas.confirm(&self.inner.link, &conn).await.map_err(LockError::from_redis)?;
+        }
         match scripts::parse_flag(&value) {
             Some(true) if lease.extend(submitted) => Ok(()),
             Some(true) => Err(LockError::new(LockErrorCode::LeaseExpired, "the renew was confirmed after the lease expired")),
