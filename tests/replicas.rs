@@ -214,3 +214,18 @@ async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
     assert!(err.message.contains("minReplicas"), "{}", err.message);
 }
 
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
+    if support::external() {
+        return;
+    }
+    // min-replicas-to-write with no replica: Redis refuses the script's first write itself.
+    let primary = RedisServer::start_with_args(&["--min-replicas-to-write", "1"]);
+    let d = driver(url(primary.url()), "refused", &[]);
+    let err = acquire(&d, "job", 0).await.unwrap_err();
+    assert_too_few_replicas(&err);
+    let keys = dokebi_lock_redis::keys::KeyNames::new("refused", "job");
+    assert_eq!(value(&primary.command(&["EXISTS", &keys.lock, &keys.fence])), "0");
+    d.shutdown().await.unwrap();
+}
