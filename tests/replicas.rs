@@ -229,3 +229,42 @@ async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
     assert_eq!(value(&primary.command(&["EXISTS", &keys.lock, &keys.fence])), "0");
     d.shutdown().await.unwrap();
 }
+
+/// README.md's least-privilege rule (namespace `locks`), without `+wait`.
+const RULE: &[&str] = &[
+    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
+    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and_leaves_no_lock() {
+    if support::external() {
+        return;
+    }
+    let (primary, _replica) = primary_and_replica();
+    for (user, extra) in [("nowait", None), ("withwait", Some("+wait"))] {
+        let mut setuser = vec!["ACL", "SETUSER", user];
+        setuser.extend_from_slice(RULE);
+        setuser.extend(extra);
+        assert!(primary.command(&setuser).starts_with("+OK"));
+    }
+    let as_user = |user: &str| url(&primary.url().replace("redis://", &format!("redis://{user}:s3cret@")));
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("locks", "job").lock;
+
+    // Without +wait: the refusal itself, not "too few replicas", and not ridden out.
+    let d = driver(as_user("nowait"), "locks", &[("minReplicas", 1.0)]);
+    let started = Instant::now();
+    let err = acquire(&d, "job", 5_000).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "a refusal ends the wait at once");
+    let cause = err.cause.as_ref().expect("cause");
+    assert_eq!((err.code, cause.server_code.as_deref(), cause.retryable()), (LockErrorCode::ProviderFailed, Some("NOPERM"), false));
+    eventually("the refused acquire is released", Duration::from_secs(3), || value(&primary.command(&["EXISTS", &lock_key])) == "0").await;
+    d.shutdown().await.unwrap();
+
+    // With +wait: acquire, renew and release work.
+    let d = driver(as_user("withwait"), "locks", &[("minReplicas", 1.0)]);
+    let lease = acquire(&d, "job", 0).await.unwrap();
+    d.renew(&lease).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
