@@ -268,3 +268,69 @@ async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and
     assert!(d.release(&lease).await.unwrap());
     d.shutdown().await.unwrap();
 }
+
+/// Waits until a WAIT blocks a connection of the primary.
+async fn wait_in_flight(primary: &RedisServer) {
+    eventually("a WAIT blocks the connection", Duration::from_secs(5), || {
+        primary.command(&["INFO", "clients"]).contains("blocked_clients:1")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown_outcome() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("lost", "job").lock;
+    replica.pause();
+    let attempt = tokio::spawn({
+        let d = d.clone();
+        async move { acquire(&d, "job", 0).await }
+    });
+    wait_in_flight(&primary).await;
+    let started = Instant::now();
+    primary.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let err = attempt.await.unwrap().unwrap_err();
+    // The script's own reply settled the write; only its replication is unknown.
+    assert_too_few_replicas(&err);
+    assert!(started.elapsed() < Duration::from_secs(5), "failed when the connection went, not at replicaTimeoutMs");
+    eventually("the lock key is released on the primary", Duration::from_secs(3), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_replica_and_command_timeouts() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let connection = common::connection(primary.url(), &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(300.0))]);
+    // Stopped well before replicaTimeoutMs, the primary can never answer: only our own
+    // limit (replicaTimeoutMs + commandTimeoutMs) ends the WAIT.
+    let d = driver(connection, "stalled", &[("minReplicas", 1.0), ("replicaTimeoutMs", 2_000.0)]);
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("stalled", "job").lock;
+    replica.pause();
+    let attempt = tokio::spawn({
+        let d = d.clone();
+        async move { acquire(&d, "job", 0).await }
+    });
+    wait_in_flight(&primary).await;
+    primary.pause();
+    let err = attempt.await.unwrap().unwrap_err();
+    assert_too_few_replicas(&err);
+    assert!(err.message.contains("did not answer WAIT"), "{}", err.message);
+    primary.resume();
+    eventually("the lock key is released on the primary", Duration::from_secs(8), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
