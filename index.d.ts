@@ -49,7 +49,7 @@ export interface RedisErrorLike extends Error {
   /** True (with `status: 503`) where the same call may succeed later. */
   readonly retryable: boolean
   readonly status?: 503
-  /** The first word of a server error reply, e.g. `OOM`, `NOPERM`, `READONLY`. */
+  /** The first word of a server error reply, e.g. `OOM`, `NOPERM`, `READONLY`; `NOREPLICAS` also when too few replicas acknowledged a write (minReplicas). */
   readonly serverCode?: string
 }
 
@@ -94,6 +94,13 @@ export interface RedisLockBackendInput {
   shutdownTimeoutMs?: number | undefined
   /** UTF-8 bytes of a key, default 1024. */
   maxKeyBytes?: number | undefined
+  /**
+   * Extension: replicas that must acknowledge (WAIT) a winning acquire and a renew before it
+   * counts; default 0 (no WAIT). Too few: PROVIDER_FAILED with a retryable NOREPLICAS cause.
+   */
+  minReplicas?: number | undefined
+  /** Extension: the WAIT timeout, ≥ 1, default 500. */
+  replicaTimeoutMs?: number | undefined
 }
 
 /** The options with every default filled in. */

@@ -18,7 +18,7 @@ const CODES = [
 
 const INT_FIELDS = [
   'leaseMs', 'waitTimeoutMs', 'pollIntervalMs', 'notifyPollIntervalMs', 'maxWaiters',
-  'maxTrackedLeases', 'shutdownTimeoutMs', 'maxKeyBytes',
+  'maxTrackedLeases', 'shutdownTimeoutMs', 'maxKeyBytes', 'minReplicas', 'replicaTimeoutMs',
 ];
 
 // Everything an error exposes: own fields, message, stack and cause chain.
@@ -90,6 +90,8 @@ describe('parseRedisLockBackend', () => {
       maxTrackedLeases: 10000,
       shutdownTimeoutMs: 5000,
       maxKeyBytes: 1024,
+      minReplicas: 0,
+      replicaTimeoutMs: 500,
     });
   });
 
@@ -179,9 +181,9 @@ describe('parseRedisLockBackend', () => {
     }
   });
 
-  test('rejects zero where the minimum is 1, but accepts it for waitTimeoutMs and shutdownTimeoutMs', () => {
+  test('rejects zero where the minimum is 1, but accepts it for waitTimeoutMs, shutdownTimeoutMs and minReplicas', () => {
     for (const field of INT_FIELDS) {
-      if (field === 'waitTimeoutMs' || field === 'shutdownTimeoutMs') {
+      if (field === 'waitTimeoutMs' || field === 'shutdownTimeoutMs' || field === 'minReplicas') {
         assert.equal(parseRedisLockBackend(backend('svc', { [field]: 0 }))[field], 0);
       } else {
         assertInvalidOptions(thrown(() => parseRedisLockBackend(backend('svc', { [field]: 0 }))), { field }, `${field}: 0`);

@@ -18,10 +18,12 @@ const MAX = 2 ** 31 - 1;
 const INT_FIELDS = {
   leaseMs: 1, waitTimeoutMs: 0, pollIntervalMs: 1, notifyPollIntervalMs: 1,
   maxWaiters: 1, maxTrackedLeases: 1, shutdownTimeoutMs: 0, maxKeyBytes: 1,
+  minReplicas: 0, replicaTimeoutMs: 1,
 };
 const DEFAULTS = {
   leaseMs: 10000, waitTimeoutMs: 5000, pollIntervalMs: 25, notifyPollIntervalMs: 250,
   maxWaiters: 128, maxTrackedLeases: 10000, shutdownTimeoutMs: 5000, maxKeyBytes: 1024,
+  minReplicas: 0, replicaTimeoutMs: 500,
 };
 const KNOWN = new Set(['driver', 'connection', 'namespace', ...Object.keys(INT_FIELDS)]);
 /** The seed is printed by fast-check on failure; FC_SEED reruns one, FC_RUNS_FACTOR=20 digs deeper. */

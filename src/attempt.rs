@@ -87,11 +87,19 @@ impl Driver {
         rx
     }
 
-    /// The acquire's reply on `conn` was parsed as a win. Work that must happen before the
-    /// caller gets the lease (e.g. waiting for replicas on this same connection) goes here;
-    /// a lease that then turns out not to be handed over is cleaned up by the caller.
-    async fn won(&self, _conn: &Conn, lease: Lease) -> Attempt {
-        Attempt::Acquired(Arc::new(lease))
+    /// The acquire's reply on `conn` was parsed as a win. It is handed out only once
+    /// minReplicas replicas acknowledged it (and its fence) on this same connection; too few,
+    /// and the win is taken back by token here, since the caller sees only a failure
+    /// (decision 0026). A lease that is not handed over for other reasons is cleaned up by
+    /// the caller.
+    async fn won(&self, conn: &Conn, lease: Lease) -> Attempt {
+        match self.inner.replicas.confirm(&self.inner.link, conn).await {
+            Ok(()) => Attempt::Acquired(Arc::new(lease)),
+            Err(failure) => {
+                self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.latest_expiry());
+                Attempt::Failed(failure)
+            }
+        }
     }
 
     /// After giving up on an attempt in flight: closing the channel makes the attempt task

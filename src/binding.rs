@@ -151,6 +151,8 @@ pub struct NativeBackendOptions {
     pub max_tracked_leases: u32,
     pub shutdown_timeout_ms: u32,
     pub max_key_bytes: u32,
+    pub min_replicas: u32,
+    pub replica_timeout_ms: u32,
 }
 
 #[napi]
@@ -168,6 +170,8 @@ pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, Nati
             max_tracked_leases: o.max_tracked_leases,
             shutdown_timeout_ms: o.shutdown_timeout_ms,
             max_key_bytes: o.max_key_bytes,
+            min_replicas: o.min_replicas,
+            replica_timeout_ms: o.replica_timeout_ms,
         }),
         Err(e) => Either::B(e.into()),
     })

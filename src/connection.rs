@@ -34,6 +34,11 @@ impl Conn {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
+
+    /// Tells connections apart, e.g. to share one WAIT among writes of the same one (issue 11).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
 }
 
 #[derive(Clone)]
@@ -301,13 +306,32 @@ impl RedisLink {
         reply
     }
 
+    /// Sends one command on `conn` itself, not on whichever connection is current: WAIT
+    /// counts the writes of the connection it runs on (issue 11). Not timed, like `eval`.
+    pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
+        if conn.is_closed() {
+            self.forget(conn);
+            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the connection to Redis had closed"));
+        }
+        let reply = send(&mut conn.inner.clone(), cmd).await;
+        if matches!(&reply, Err(f) if !f.surely_not_applied()) {
+            self.forget(conn);
+        }
+        reply
+    }
+
     /// Connects if needed, then runs the script within commandTimeoutMs. Also returns the
     /// moment the command was submitted, where lease deadlines start.
     pub async fn run(self: &Arc<Self>, call: &ScriptCall) -> Result<(Value, Instant), RedisFailure> {
+        self.run_on(call).await.map(|(value, submitted, _)| (value, submitted))
+    }
+
+    /// [`run`](Self::run), also returning the connection that ran it (for WAIT, issue 11).
+    pub async fn run_on(self: &Arc<Self>, call: &ScriptCall) -> Result<(Value, Instant, Conn), RedisFailure> {
         let conn = self.connection().await?;
         let submitted = Instant::now();
         match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
-            Ok(reply) => reply.map(|v| (v, submitted)),
+            Ok(reply) => reply.map(|v| (v, submitted, conn)),
             Err(_) => {
                 // Later commands would queue behind the stalled one on this connection.
                 self.forget(&conn);

@@ -15,6 +15,7 @@ use crate::keys::{self, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
+use crate::replicas::Replicas;
 use crate::scripts::{self, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
@@ -37,6 +38,8 @@ pub(crate) struct Inner {
     pub notify: Arc<Notifier>,
     pub in_progress: InProgress,
     pub counters: Counters,
+    /// WAIT for minReplicas after a winning acquire and a renew (decisions 0025–0027).
+    pub replicas: Replicas,
     /// Cancelled when shutdown begins: stops every wait.
     pub stopping: CancellationToken,
     /// Every task that talks to Redis, so shutdown can wait for them.
@@ -69,6 +72,11 @@ impl Driver {
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
         let link = RedisLink::new(connection, id)?;
+        // A Cluster cannot promise WAIT runs on the node connection that wrote (decision 0025).
+        if options.min_replicas > 0 && connection.cluster {
+            return Err(LockError::new(LockErrorCode::InvalidOptions, "options.minReplicas needs a single Redis, not connection.cluster"));
+        }
+        let replicas = Replicas::new(&options, link.command_timeout);
         let channel = keys::released_channel(&options.namespace);
         let notify = Arc::new(Notifier::new(id, channel.clone(), notifications_enabled()));
         Ok(Self {
@@ -82,6 +90,7 @@ impl Driver {
                 notify,
                 in_progress: InProgress::default(),
                 counters: Counters::default(),
+                replicas,
                 stopping: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 cleanup_failures: Mutex::new(Vec::new()),
@@ -421,7 +430,7 @@ impl Driver {
             keys: vec![lease.keys.lock.clone()],
             args: vec![lease.token.clone(), lease.lease_ms.to_string()],
         };
-        let (value, submitted) = match self.inner.link.run(&call).await {
+        let (value, submitted, conn) = match self.inner.link.run_on(&call).await {
             Ok(reply) => reply,
             Err(failure) => {
                 if !failure.surely_not_applied() {
@@ -432,6 +441,15 @@ impl Driver {
             }
         };
         let answered = Instant::now();
+        if scripts::parse_flag(&value) == Some(true) {
+            // The extension counts once minReplicas replicas have it; until then the lease
+            // keeps its old deadline, which every replica agrees with (decision 0027). Redis
+            // did extend the key, so cleanup must go on until the new latest expiry.
+            if let Err(failure) = self.inner.replicas.confirm(&self.inner.link, &conn).await {
+                lease.may_have_written(answered);
+                return Err(LockError::from_redis(failure));
+            }
+        }
         match scripts::parse_flag(&value) {
             Some(true) => match lease.extend(submitted, answered) {
                 Ok(()) => Ok(()),

@@ -122,10 +122,14 @@ pub struct RedisFailure {
 }
 
 /// Server error codes after which the same command may succeed later (contract: 503).
-const TRANSIENT_SERVER_CODES: [&str; 4] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"];
+/// NOREPLICAS: too few replicas, from Redis's `min-replicas-to-write` or from our own WAIT
+/// (decision 0026); replicas come back.
+const TRANSIENT_SERVER_CODES: [&str; 5] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS"];
 /// Server error codes a waiting acquire rides out until its wait ends: the contract's list,
-/// plus a Cluster's redirections and outages, which also surely had no effect (decision 0009).
-const RIDE_OUT_SERVER_CODES: [&str; 8] = ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "MOVED", "ASK", "CLUSTERDOWN"];
+/// plus a Cluster's redirections and outages, which also surely had no effect (decision 0009),
+/// plus too few replicas (decision 0026).
+const RIDE_OUT_SERVER_CODES: [&str; 9] =
+    ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "MOVED", "ASK", "CLUSTERDOWN", "NOREPLICAS"];
 /// Refused credentials or permissions: waiting cannot fix them.
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 
@@ -171,6 +175,17 @@ impl RedisFailure {
 
     pub fn command_timeout() -> Self {
         Self::new(RedisErrorCode::CommandTimeout, Outcome::Unknown, "Redis did not reply within commandTimeoutMs")
+    }
+
+    /// A write that fewer than `minReplicas` replicas acknowledged (decision 0026): shaped as
+    /// Redis's own NOREPLICAS refusal, since the driver takes the write back.
+    pub fn too_few_replicas(message: impl Into<String>) -> Self {
+        Self {
+            code: RedisErrorCode::CommandRejected,
+            outcome: Outcome::Rejected,
+            server_code: Some("NOREPLICAS".to_owned()),
+            message: message.into(),
+        }
     }
 
     pub fn unexpected_reply() -> Self {
@@ -295,7 +310,7 @@ mod tests {
 
     #[test]
     fn transient_server_errors_are_retryable_and_ridden_out() {
-        for code in ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"] {
+        for code in ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS"] {
             let f = RedisFailure::command(&server_error(&format!("{code} try later")));
             assert!(f.retryable(), "{code}");
             assert!(f.rides_out_waiting(), "{code}");

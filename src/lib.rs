@@ -12,6 +12,7 @@ pub mod keys;
 pub mod lease;
 pub mod notify;
 pub mod options;
+pub mod replicas;
 pub mod scripts;
 pub mod shutdown;
 pub mod stats;

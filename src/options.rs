@@ -48,6 +48,9 @@ pub struct BackendOptions {
     pub max_tracked_leases: u32,
     pub shutdown_timeout_ms: u32,
     pub max_key_bytes: u32,
+    /// Replicas that must acknowledge a winning acquire and a renew (issue 11; 0 = no WAIT).
+    pub min_replicas: u32,
+    pub replica_timeout_ms: u32,
 }
 
 /// One integer field: its name, default and inclusive range.
@@ -57,7 +60,7 @@ struct IntField {
     min: u32,
 }
 
-const INT_FIELDS: [IntField; 8] = [
+const INT_FIELDS: [IntField; 10] = [
     IntField { name: "leaseMs", default: 10_000, min: 1 },
     IntField { name: "waitTimeoutMs", default: 5_000, min: 0 },
     IntField { name: "pollIntervalMs", default: 25, min: 1 },
@@ -66,7 +69,13 @@ const INT_FIELDS: [IntField; 8] = [
     IntField { name: "maxTrackedLeases", default: 10_000, min: 1 },
     IntField { name: "shutdownTimeoutMs", default: 5_000, min: 0 },
     IntField { name: "maxKeyBytes", default: 1_024, min: 1 },
+    // Extensions (issue 11, docs/decisions/0025).
+    IntField { name: "minReplicas", default: 0, min: 0 },
+    IntField { name: "replicaTimeoutMs", default: DEFAULT_REPLICA_TIMEOUT_MS, min: 1 },
 ];
+
+/// The WAIT timeout: see docs/decisions/0025 for the measurement behind it.
+pub const DEFAULT_REPLICA_TIMEOUT_MS: u32 = 500;
 
 fn invalid(message: String) -> LockError {
     LockError::new(LockErrorCode::InvalidOptions, message)
@@ -137,7 +146,7 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
             Some(v) => int_in_range(&format!("options.{}", field.name), v, field.min)?,
         };
     }
-    let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes] =
+    let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes, min_replicas, replica_timeout_ms] =
         ints;
     Ok(BackendOptions {
         connection,
@@ -150,6 +159,8 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
         max_tracked_leases,
         shutdown_timeout_ms,
         max_key_bytes,
+        min_replicas,
+        replica_timeout_ms,
     })
 }
 
@@ -299,6 +310,23 @@ mod tests {
         );
         assert_eq!((o.max_waiters, o.max_tracked_leases, o.shutdown_timeout_ms, o.max_key_bytes), (128, 10_000, 5_000, 1_024));
         assert_eq!((o.connection.as_str(), o.namespace.as_str()), ("main", "svc"));
+    }
+
+    #[test]
+    fn min_replicas_defaults_to_0_and_replica_timeout_to_500_and_both_are_integers_in_range() {
+        let o = parse_backend(&obj(&base())).unwrap();
+        assert_eq!((o.min_replicas, o.replica_timeout_ms), (0, DEFAULT_REPLICA_TIMEOUT_MS));
+        assert_eq!(DEFAULT_REPLICA_TIMEOUT_MS, 500);
+        assert_eq!(parse_backend(&with(("minReplicas", Raw::Number(2.0)))).unwrap().min_replicas, 2);
+        assert_eq!(parse_backend(&with(("replicaTimeoutMs", Raw::Number(1.0)))).unwrap().replica_timeout_ms, 1);
+        for bad in [-1.0, 0.5, f64::NAN, 2147483648.0] {
+            let e = err(&with(("minReplicas", Raw::Number(bad))));
+            assert!(e.message.contains("options.minReplicas must be an integer from 0"), "{}", e.message);
+        }
+        for bad in [0.0, 1.5, -3.0] {
+            let e = err(&with(("replicaTimeoutMs", Raw::Number(bad))));
+            assert!(e.message.contains("options.replicaTimeoutMs must be an integer from 1"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -35,12 +35,15 @@ const input = {
   maxTrackedLeases: 10_000,
   shutdownTimeoutMs: 5_000,
   maxKeyBytes: 1024,
+  minReplicas: 1,
+  replicaTimeoutMs: 500,
 } satisfies RedisLockBackendInput
 const minimal: RedisLockBackendInput = { driver: 'redis', connection: 'main', namespace: 'my-service' }
 const parsed: RedisLockBackend = parseRedisLockBackend(minimal)
-const everyDefault: [number, number, number, number, number, number, number, number] = [
+const everyDefault: [number, number, number, number, number, number, number, number, number, number] = [
   parsed.leaseMs, parsed.waitTimeoutMs, parsed.pollIntervalMs, parsed.notifyPollIntervalMs,
   parsed.maxWaiters, parsed.maxTrackedLeases, parsed.shutdownTimeoutMs, parsed.maxKeyBytes,
+  parsed.minReplicas, parsed.replicaTimeoutMs,
 ]
 const namespace: string = parsed.namespace
 const fromYaml: unknown = JSON.parse('{"driver":"redis","connection":"main","namespace":"x"}')

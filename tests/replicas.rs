@@ -1,0 +1,336 @@
+//! minReplicas (issue 11): acquires and renews confirmed by WAIT, against a real primary
+//! with a real replica; the replica stopped with SIGSTOP stands for a slow or lost one.
+
+mod common;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{calls, driver, eventually, url, value};
+use dokebi_lock_redis::{Driver, Lease, LockError, LockErrorCode, Outcome, RedisErrorCode};
+use support::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+/// A primary that starts a replica's sync at once, and a replica linked to it.
+fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let port = primary.port.to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !primary.command(&["INFO", "replication"]).contains("state=online") {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // After a sync, Redis 7.0 streams to the replica (and so counts it for WAIT) only from
+    // its first REPLCONF ACK, sent once a second: wait until it acknowledged a write.
+    primary.command(&["SET", "replica-ready", "1"]);
+    while acked_offset(&primary) == 0 {
+        assert!(Instant::now() < deadline, "the replica did not acknowledge its primary");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (primary, replica)
+}
+
+/// The replication offset the first replica acknowledged, from the primary's INFO.
+fn acked_offset(primary: &RedisServer) -> u64 {
+    let info = primary.command(&["INFO", "replication"]);
+    let line = info.lines().find(|l| l.starts_with("slave0:")).unwrap_or_default();
+    line.split(',').find_map(|f| f.strip_prefix("offset=")).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+fn get(redis: &RedisServer, key: &str) -> String {
+    value(&redis.command(&["GET", key]))
+}
+
+fn assert_too_few_replicas(err: &LockError) {
+    assert_eq!(err.code, LockErrorCode::ProviderFailed, "{err:?}");
+    let cause = err.cause.as_ref().expect("a RedisError cause");
+    assert_eq!(cause.code, RedisErrorCode::CommandRejected);
+    assert_eq!(cause.outcome, Outcome::Rejected);
+    assert_eq!(cause.server_code.as_deref(), Some("NOREPLICAS"));
+    assert!(cause.retryable(), "too few replicas is worth retrying (503)");
+}
+
+async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<Arc<Lease>, LockError> {
+    d.acquire(key, Some(wait_ms), CancellationToken::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_1_the_lease_and_its_fence_are_on_the_replica_when_handed_out_and_renews_wait_too() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "rep", &[("minReplicas", 1.0), ("leaseMs", 5_000.0)]);
+    let lease = acquire(&d, "job", 0).await.unwrap();
+    // Read at once, no waiting: WAIT answered only after the replica acknowledged.
+    assert_eq!(get(&replica, &lease.keys.lock), lease.token);
+    assert_eq!(get(&replica, &lease.keys.fence), lease.fence);
+    assert_eq!(calls(&primary, "wait"), 1);
+
+    d.renew(&lease).await.unwrap();
+    assert_eq!(calls(&primary, "wait"), 2, "a renew waits for the replica too");
+    assert!(lease.valid());
+    assert!(d.release(&lease).await.unwrap());
+    assert_eq!(calls(&primary, "wait"), 2, "a release sends no WAIT");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_0_sends_no_wait() {
+    if support::external() {
+        return;
+    }
+    let (primary, _replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "norep", &[]);
+    let lease = acquire(&d, "job", 0).await.unwrap();
+    d.renew(&lease).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    assert_eq!(calls(&primary, "evalsha"), 3);
+    assert_eq!(calls(&primary, "wait"), 0);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_replica_fails_a_zero_wait_acquire_retryably_and_leaves_no_lock_on_the_primary() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "stopped", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0)]);
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("stopped", "job").lock;
+    replica.pause();
+    let started = Instant::now();
+    let err = acquire(&d, "job", 0).await.unwrap_err();
+    assert_too_few_replicas(&err);
+    assert!(started.elapsed() < Duration::from_secs(2), "waitTimeoutMs 0 fails after one WAIT: {:?}", started.elapsed());
+    // The script did win on the primary; the background release by token takes it back.
+    eventually("the lock key is released on the primary", Duration::from_secs(3), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
+    assert_eq!(d.tracked_leases(), 0);
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_rides_out_a_stopped_replica_and_gets_the_lock_once_it_resumes() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "ride", &[("minReplicas", 1.0), ("replicaTimeoutMs", 100.0)]);
+    replica.pause();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { acquire(&d, "job", 20_000).await }
+    });
+    // Two WAITs that timed out: the acquire failed twice and is still waiting.
+    eventually("two unacknowledged attempts", Duration::from_secs(10), || calls(&primary, "wait") >= 2).await;
+    assert!(!waiter.is_finished());
+    replica.resume();
+    let lease = waiter.await.unwrap().expect("the waiting acquire gets the lock once the replica is back");
+    assert_eq!(get(&replica, &lease.keys.lock), lease.token);
+    assert_eq!(get(&replica, &lease.keys.fence), lease.fence);
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_during_a_stopped_replica_rejects_retryably_and_does_not_extend_the_lease() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "renew", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0), ("leaseMs", 4_000.0)]);
+    let lease = acquire(&d, "job", 0).await.unwrap();
+    // Let the lease age, so that an extension to a full leaseMs would show.
+    eventually("the lease to age", Duration::from_secs(4), || lease.remaining_ms() < 3_000).await;
+    replica.pause();
+    let err = d.renew(&lease).await.unwrap_err();
+    assert_too_few_replicas(&err);
+    assert!(lease.valid(), "the lease stays valid until its old deadline");
+    assert!(lease.remaining_ms() < 3_000, "not extended: {} ms left", lease.remaining_ms());
+    replica.resume();
+    if let Err(e) = d.renew(&lease).await { panic!("renew after resume: {e:?}") }
+    assert!(lease.remaining_ms() > 3_000, "a confirmed renew extends: {} ms left", lease.remaining_ms());
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn winners_share_one_wait_so_an_unrelated_release_waits_behind_one_wait_at_most() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let timeout_ms = 1_000u64;
+    let d = driver(url(primary.url()), "stall", &[("minReplicas", 1.0), ("replicaTimeoutMs", timeout_ms as f64)]);
+    // Load the release script first: a NOSCRIPT fallback would be a second command, sent
+    // behind the next WAIT.
+    let warm = acquire(&d, "warm", 0).await.unwrap();
+    assert!(d.release(&warm).await.unwrap());
+    let held = acquire(&d, "held", 0).await.unwrap();
+    replica.pause();
+    // Five winners at once: one WAIT each, queued on the connection, would stall it 5 s.
+    let winners: Vec<_> = (0..5)
+        .map(|i| {
+            let d = d.clone();
+            tokio::spawn(async move { acquire(&d, &format!("w{i}"), 0).await })
+        })
+        .collect();
+    eventually("a WAIT blocks the connection", Duration::from_secs(5), || {
+        primary.command(&["INFO", "clients"]).contains("blocked_clients:1")
+    })
+    .await;
+    let started = Instant::now();
+    let released = d.release(&held).await;
+    let stalled = started.elapsed();
+    assert!(released.unwrap());
+    assert!(stalled < Duration::from_millis(timeout_ms * 2), "the release waited {stalled:?} behind WAITs");
+    for w in winners {
+        assert_too_few_replicas(&w.await.unwrap().unwrap_err());
+    }
+    assert!(calls(&primary, "wait") < 2 + 5, "concurrent winners share WAITs");
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
+    let connection = common::connection("redis://127.0.0.1:1", &[("cluster", dokebi_lock_redis::Raw::Bool(true))]);
+    let backend = dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
+        ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
+        ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
+        ("namespace".into(), dokebi_lock_redis::Raw::String("c".into())),
+        ("minReplicas".into(), dokebi_lock_redis::Raw::Number(1.0)),
+    ]))
+    .unwrap();
+    let options = dokebi_lock_redis::options::parse_connection(&connection).unwrap();
+    let err = Driver::new(&options, backend).err().expect("rejected");
+    assert_eq!(err.code, LockErrorCode::InvalidOptions);
+    assert!(err.message.contains("minReplicas"), "{}", err.message);
+}
+
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
+    if support::external() {
+        return;
+    }
+    // min-replicas-to-write with no replica: Redis refuses the script's first write itself.
+    let primary = RedisServer::start_with_args(&["--min-replicas-to-write", "1"]);
+    let d = driver(url(primary.url()), "refused", &[]);
+    let err = acquire(&d, "job", 0).await.unwrap_err();
+    assert_too_few_replicas(&err);
+    let keys = dokebi_lock_redis::keys::KeyNames::new("refused", "job");
+    assert_eq!(value(&primary.command(&["EXISTS", &keys.lock, &keys.fence])), "0");
+    d.shutdown().await.unwrap();
+}
+
+/// README.md's least-privilege rule (namespace `locks`), without `+wait`.
+const RULE: &[&str] = &[
+    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
+    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and_leaves_no_lock() {
+    if support::external() {
+        return;
+    }
+    let (primary, _replica) = primary_and_replica();
+    for (user, extra) in [("nowait", None), ("withwait", Some("+wait"))] {
+        let mut setuser = vec!["ACL", "SETUSER", user];
+        setuser.extend_from_slice(RULE);
+        setuser.extend(extra);
+        assert!(primary.command(&setuser).starts_with("+OK"));
+    }
+    let as_user = |user: &str| url(&primary.url().replace("redis://", &format!("redis://{user}:s3cret@")));
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("locks", "job").lock;
+
+    // Without +wait: the refusal itself, not "too few replicas", and not ridden out.
+    let d = driver(as_user("nowait"), "locks", &[("minReplicas", 1.0)]);
+    let started = Instant::now();
+    let err = acquire(&d, "job", 5_000).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "a refusal ends the wait at once");
+    let cause = err.cause.as_ref().expect("cause");
+    assert_eq!((err.code, cause.server_code.as_deref(), cause.retryable()), (LockErrorCode::ProviderFailed, Some("NOPERM"), false));
+    eventually("the refused acquire is released", Duration::from_secs(3), || value(&primary.command(&["EXISTS", &lock_key])) == "0").await;
+    d.shutdown().await.unwrap();
+
+    // With +wait: acquire, renew and release work.
+    let d = driver(as_user("withwait"), "locks", &[("minReplicas", 1.0)]);
+    let lease = acquire(&d, "job", 0).await.unwrap();
+    d.renew(&lease).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+/// Waits until a WAIT blocks a connection of the primary.
+async fn wait_in_flight(primary: &RedisServer) {
+    eventually("a WAIT blocks the connection", Duration::from_secs(5), || {
+        primary.command(&["INFO", "clients"]).contains("blocked_clients:1")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown_outcome() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let d = driver(url(primary.url()), "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("lost", "job").lock;
+    replica.pause();
+    let attempt = tokio::spawn({
+        let d = d.clone();
+        async move { acquire(&d, "job", 0).await }
+    });
+    wait_in_flight(&primary).await;
+    let started = Instant::now();
+    primary.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+    let err = attempt.await.unwrap().unwrap_err();
+    // The script's own reply settled the write; only its replication is unknown.
+    assert_too_few_replicas(&err);
+    assert!(started.elapsed() < Duration::from_secs(5), "failed when the connection went, not at replicaTimeoutMs");
+    eventually("the lock key is released on the primary", Duration::from_secs(3), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_replica_and_command_timeouts() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let connection = common::connection(primary.url(), &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(300.0))]);
+    // Stopped well before replicaTimeoutMs, the primary can never answer: only our own
+    // limit (replicaTimeoutMs + commandTimeoutMs) ends the WAIT.
+    let d = driver(connection, "stalled", &[("minReplicas", 1.0), ("replicaTimeoutMs", 2_000.0)]);
+    let lock_key = dokebi_lock_redis::keys::KeyNames::new("stalled", "job").lock;
+    replica.pause();
+    let attempt = tokio::spawn({
+        let d = d.clone();
+        async move { acquire(&d, "job", 0).await }
+    });
+    wait_in_flight(&primary).await;
+    primary.pause();
+    let err = attempt.await.unwrap().unwrap_err();
+    assert_too_few_replicas(&err);
+    assert!(err.message.contains("did not answer WAIT"), "{}", err.message);
+    primary.resume();
+    eventually("the lock key is released on the primary", Duration::from_secs(8), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
+    replica.resume();
+    d.shutdown().await.unwrap();
+}
