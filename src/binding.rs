@@ -132,6 +132,8 @@ pub struct NativeBackendOptions {
     pub max_tracked_leases: u32,
     pub shutdown_timeout_ms: u32,
     pub max_key_bytes: u32,
+    /// Absent unless given (decision 0031).
+    pub fence_ttl_ms: Option<i64>,
 }
 
 #[napi]
@@ -149,6 +151,8 @@ pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, Nati
             max_tracked_leases: o.max_tracked_leases,
             shutdown_timeout_ms: o.shutdown_timeout_ms,
             max_key_bytes: o.max_key_bytes,
+            // At most 2^53-1 (validated), so exact as i64 and as a JS number.
+            fence_ttl_ms: o.fence_ttl_ms.map(|ttl| ttl as i64),
         }),
         Err(e) => Either::B(e.into()),
     })

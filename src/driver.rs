@@ -369,7 +369,7 @@ impl Driver {
             let call = ScriptCall {
                 script: &scripts::ACQUIRE,
                 keys: vec![keys.lock.clone(), keys.fence.clone()],
-                args: vec![token.clone(), lease_ms.to_string()],
+                args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
             };
             let conn = match link.connection().await {
                 Ok(conn) => conn,
