@@ -31,6 +31,7 @@ const input = {
   maxTrackedLeases: 10_000,
   shutdownTimeoutMs: 5_000,
   maxKeyBytes: 1024,
+  fenceTtlMs: 86_400_000,
 } satisfies RedisLockBackendInput
 const minimal: RedisLockBackendInput = { driver: 'redis', connection: 'main', namespace: 'my-service' }
 const parsed: RedisLockBackend = parseRedisLockBackend(minimal)
@@ -39,6 +40,7 @@ const everyDefault: [number, number, number, number, number, number, number, num
   parsed.maxWaiters, parsed.maxTrackedLeases, parsed.shutdownTimeoutMs, parsed.maxKeyBytes,
 ]
 const namespace: string = parsed.namespace
+const fenceTtlMs: number | undefined = parsed.fenceTtlMs // absent unless given: no default
 const fromYaml: unknown = JSON.parse('{"driver":"redis","connection":"main","namespace":"x"}')
 parseRedisLockBackend(fromYaml) // dokebi-lock passes raw config: `unknown` is accepted
 
