@@ -252,6 +252,16 @@ async function main() {
       return `| ${s.scenario} | ${s.script} | ${s.redisCpuUsPerAcquire} (${s.min}–${s.max}) | ${s.vsBefore}× | ${s.evalshaUsecPerAcquire} |` + (callgrind ? ` ${ir} |` : '');
     }),
     '',
+    ...(callgrind ? [
+      `Acquire + release of a new key (callgrind, ${callgrind.n} pairs; redlock: its lock and unlock scripts):`, '',
+      '| pair | instructions/pair | vs redlock |', '|---|---:|---:|',
+      ...(() => {
+        const pairs = callgrind.results.filter((r) => r.scenario === 'pair');
+        const redlock = pairs.find((r) => r.script.startsWith('redlock')).instructionsPerAcquire;
+        return pairs.map((r) => `| ${r.script} | ${r.instructionsPerAcquire} | ${round(r.instructionsPerAcquire / redlock, 3)}× |`);
+      })(),
+      '',
+    ] : []),
   ];
   writeFileSync(path.join(outDir, `${date}-redis-cpu.md`), lines.join('\n'));
   console.log(lines.join('\n'));
