@@ -101,10 +101,20 @@ export interface RedisLockBackendInput {
   minReplicas?: number | undefined
   /** Extension: the WAIT timeout, ≥ 1, default 500. */
   replicaTimeoutMs?: number | undefined
+  /**
+   * Opt-in: a newly seeded fence counter expires after this many ms (1 .. 2^53-1) and is seeded
+   * again from Redis TIME, so fences keep rising. Absent: counters never expire.
+   */
+  fenceTtlMs?: number | undefined
 }
 
+/** Options without a default: {@link parseRedisLockBackend} returns them only when given. */
+type OptionalBackendFields = 'fenceTtlMs'
+
 /** The options with every default filled in. */
-export type RedisLockBackend = { [K in keyof RedisLockBackendInput]-?: Exclude<RedisLockBackendInput[K], undefined> }
+export type RedisLockBackend = {
+  [K in Exclude<keyof RedisLockBackendInput, OptionalBackendFields>]-?: Exclude<RedisLockBackendInput[K], undefined>
+} & { [K in OptionalBackendFields]?: Exclude<RedisLockBackendInput[K], undefined> }
 
 export interface AcquireOptions {
   /** Aborting rejects with ABORTED whose `cause` is `signal.reason`. */

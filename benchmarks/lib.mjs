@@ -188,6 +188,20 @@ export function processBusy(pids) {
 }
 
 /**
+ * CPU microseconds of this process's main thread alone, the one that runs JS: its
+ * /proc/self/task/<pid>/stat (10 ms ticks), where process.cpuUsage() counts every thread
+ * (libuv's pool, V8's helpers, the addon's tokio runtime). Null where /proc is missing.
+ */
+export function jsThreadCpuUs() {
+  try {
+    const f = readFileSync(`/proc/self/task/${process.pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return ((Number(f[11]) + Number(f[12])) / TICK) * 1e6; // utime, stime
+  } catch {
+    return null;
+  }
+}
+
+/**
  * Starts a CPU window over `pids` (ours: this process, the worker, redis-server) and the
  * machine; `.end()` gives each as a share of all cores, and redis-server's own seconds.
  */

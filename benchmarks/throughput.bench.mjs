@@ -195,7 +195,8 @@ async function measure(server, cfg, rep, opts, scripts) {
   if (cfg.kind === 'pairs') {
     const r = await runWorker(server, { ...base, mode: 'pairs', library: cfg.library, inflight: cfg.inflight }, { timeoutMs });
     const redisUsPerPair = r.processCpu && r.pairs ? (r.processCpu.redisCpuSeconds * 1e6) / r.pairs : null;
-    return { ...r, redisCpuPerPairUs: round(redisUsPerPair, 2), cpu: { ...r.cpu, perPairUs: round(r.cpu.perPairUs, 2) } };
+    const cpu = { ...r.cpu, perPairUs: round(r.cpu.perPairUs, 2), jsPerPairUs: round(r.cpu.jsPerPairUs, 2), otherThreadsPerPairUs: round(r.cpu.otherThreadsPerPairUs, 2) };
+    return { ...r, redisCpuPerPairUs: round(redisUsPerPair, 2), cpu };
   }
   if (cfg.kind === 'evalsha') {
     const r = await runWorker(server, { ...base, mode: 'evalsha', inflight: cfg.inflight, autoPipelining: cfg.autoPipelining }, { timeoutMs });
@@ -264,6 +265,8 @@ function summarize(cfg, reps) {
       acquireP50Ms: median(reps.map((r) => r.acquireMs.p50)), acquireP99Ms: median(reps.map((r) => r.acquireMs.p99)),
       pairP50Ms: median(reps.map((r) => r.pairMs.p50)), pairP99Ms: median(reps.map((r) => r.pairMs.p99)),
       cpuPerPairUs: median(reps.map((r) => r.cpu.perPairUs)),
+      jsCpuPerPairUs: median(reps.map((r) => r.cpu.jsPerPairUs)),
+      otherThreadsCpuPerPairUs: median(reps.map((r) => r.cpu.otherThreadsPerPairUs)),
       nodeCpuShare: median(reps.map((r) => r.cpu.share)),
       redisCpuPerPairUs: median(reps.map((r) => r.redisCpuPerPairUs)),
       rssMiB: round(median(reps.map((r) => r.memory.rss / MiB)), 1),
@@ -352,12 +355,12 @@ function tables(configs, med, drifts) {
   const lines = [];
   const pairCfgs = configs.filter((c) => c.kind === 'pairs');
   if (pairCfgs.length) {
-    lines.push('| library | in flight | pairs/s (median) | reps min–max | acquire p50 / p99 (ms) | pair p50 / p99 (ms) | Node CPU per pair (µs) | redis-server CPU per pair (µs) | RSS (MiB) | failures |');
+    lines.push('| library | in flight | pairs/s (median) | reps min–max | acquire p50 / p99 (ms) | pair p50 / p99 (ms) | Node CPU per pair (µs): all threads (JS thread / others) | redis-server CPU per pair (µs) | RSS (MiB) | failures |');
     lines.push('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of pairCfgs) {
       const m = med[c.name];
       const label = LIBRARIES.find((l) => l.library === c.library).label;
-      lines.push(`| ${label} | ${c.inflight} | ${int(m.pairsPerSec.median)} | ${range(m.pairsPerSec)} | ${fmt(m.acquireP50Ms, 3)} / ${fmt(m.acquireP99Ms, 3)} | ${fmt(m.pairP50Ms, 3)} / ${fmt(m.pairP99Ms, 3)} | ${fmt(m.cpuPerPairUs, 1)} | ${fmt(m.redisCpuPerPairUs, 1)} | ${fmt(m.rssMiB, 1)} | ${m.failures} |`);
+      lines.push(`| ${label} | ${c.inflight} | ${int(m.pairsPerSec.median)} | ${range(m.pairsPerSec)} | ${fmt(m.acquireP50Ms, 3)} / ${fmt(m.acquireP99Ms, 3)} | ${fmt(m.pairP50Ms, 3)} / ${fmt(m.pairP99Ms, 3)} | ${fmt(m.cpuPerPairUs, 1)} (${fmt(m.jsCpuPerPairUs, 1)} / ${fmt(m.otherThreadsCpuPerPairUs, 1)}) | ${fmt(m.redisCpuPerPairUs, 1)} | ${fmt(m.rssMiB, 1)} | ${m.failures} |`);
     }
     lines.push('');
   }
@@ -472,7 +475,7 @@ async function main() {
         const secs = ((Date.now() - t) / 1000).toFixed(1);
         const other = r.processCpu ? `  other cpu ${r.processCpu.otherCpuShare} steal ${r.processCpu.stealShare}` : '';
         if (cfg.kind === 'pairs') {
-          console.error(`rep ${rep}/${opts.reps} ${cfg.name.padEnd(28)} ${int(r.pairsPerSec).padStart(8)} pairs/s  acq p50 ${fmt(r.acquireMs.p50, 3)}  pair p50/p99 ${fmt(r.pairMs.p50, 3)}/${fmt(r.pairMs.p99, 3)} ms  cpu ${fmt(r.cpu.perPairUs, 1)} µs/pair  redis ${fmt(r.redisCpuPerPairUs, 1)} µs/pair  rss ${fmt(r.memory.rss / MiB, 1)} MiB  failures ${Object.values(r.failures).reduce((a, b) => a + b, 0)}${other}  (${secs} s)`);
+          console.error(`rep ${rep}/${opts.reps} ${cfg.name.padEnd(28)} ${int(r.pairsPerSec).padStart(8)} pairs/s  acq p50 ${fmt(r.acquireMs.p50, 3)}  pair p50/p99 ${fmt(r.pairMs.p50, 3)}/${fmt(r.pairMs.p99, 3)} ms  cpu ${fmt(r.cpu.perPairUs, 1)} µs/pair (JS thread ${fmt(r.cpu.jsPerPairUs, 1)}, others ${fmt(r.cpu.otherThreadsPerPairUs, 1)})  redis ${fmt(r.redisCpuPerPairUs, 1)} µs/pair  rss ${fmt(r.memory.rss / MiB, 1)} MiB  failures ${Object.values(r.failures).reduce((a, b) => a + b, 0)}${other}  (${secs} s)`);
         } else if (cfg.kind === 'memory') {
           console.error(`rep ${rep}/${opts.reps} ${cfg.name.padEnd(28)} idle ${fmt(r.memory.idle.rss / MiB, 1)} MiB → loaded ${fmt(r.memory.loaded.rss / MiB, 1)} MiB (+${fmt((r.memory.loaded.rss - r.memory.idle.rss) / MiB, 2)})  waiters ${r.stats.loaded.waiters}  leases ${r.stats.loaded.trackedLeases}  (${secs} s)`);
         } else {
@@ -532,6 +535,7 @@ async function main() {
           pairsPerSec: 'pairs started and finished inside the measured window / window (after the warm-up)',
           latency: 'acquire: call → resolved; pair: acquire call → release resolved (performance.now, ms)',
           cpuPerPair: 'process.cpuUsage() delta of the worker process over the window / pairs (all threads: JS, libuv, tokio)',
+          jsCpuPerPair: 'utime+stime of the worker\'s main thread (/proc/self/task/<pid>/stat, 10 ms ticks) over the window / pairs; otherThreadsCpuPerPair: cpuPerPair minus that',
           redisCpuPerPair: 'redis-server utime+stime (/proc, 10 ms ticks) over the window / pairs',
           ceiling: 'the acquire script alone (EVALSHA), ops/s; ÷ 2 approximates a pair (acquire + release script)',
           otherCpuShare: 'busy CPU of the machine not used by the worker, this process or redis-server, as a share of all cores; stealShare: time the hypervisor gave to other guests; a run with other + steal above maxOtherCpu is discarded and repeated',

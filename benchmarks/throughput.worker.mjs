@@ -20,7 +20,7 @@ import { readFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Samples, root } from './lib.mjs';
+import { Samples, root, jsThreadCpuUs } from './lib.mjs';
 
 const require = createRequire(import.meta.url);
 const now = () => performance.now();
@@ -158,11 +158,13 @@ async function timedLoops({ inflight, warmupS, seconds }, op) {
   const sampler = setInterval(() => rssSamples.push(process.memoryUsage.rss()), 250);
   await send({ type: 'window-start' });
   const cpu0 = process.cpuUsage();
+  const js0 = jsThreadCpuUs();
   windowStart = now();
   const started = seq;
   await Promise.race([sleep(seconds * 1000), failed]);
   windowEnd = now();
   const cpu1 = process.cpuUsage(cpu0);
+  const jsUs = js0 === null ? null : jsThreadCpuUs() - js0;
   const issued = seq - started;
   const mem = memory();
   clearInterval(sampler);
@@ -176,7 +178,11 @@ async function timedLoops({ inflight, warmupS, seconds }, op) {
   return {
     windowMs, done, issued, failures,
     opsPerSec: done / (windowMs / 1000),
-    cpu: { userUs: cpu1.user, systemUs: cpu1.system, perOpUs: done ? cpuUs / done : null, share: cpuUs / 1000 / windowMs },
+    cpu: {
+      userUs: cpu1.user, systemUs: cpu1.system, perOpUs: done ? cpuUs / done : null, share: cpuUs / 1000 / windowMs,
+      // The JS thread apart from the other threads (issue 12, target 1).
+      jsThreadUs: jsUs, jsPerOpUs: done && jsUs !== null ? jsUs / done : null, otherThreadsPerOpUs: done && jsUs !== null ? (cpuUs - jsUs) / done : null,
+    },
     first: first.summary(), total: total.summary(),
     memory: { ...mem, rssMaxInWindow: Math.max(mem.rss, ...rssSamples) },
   };
@@ -204,7 +210,7 @@ async function pairs(init) {
   return {
     pairsPerSec: r.opsPerSec, pairs: r.done, windowMs: r.windowMs, failures: r.failures,
     acquireMs: r.first, pairMs: r.total,
-    cpu: { ...r.cpu, perPairUs: r.cpu.perOpUs }, memory: r.memory,
+    cpu: { ...r.cpu, perPairUs: r.cpu.perOpUs, jsPerPairUs: r.cpu.jsPerOpUs, otherThreadsPerPairUs: r.cpu.otherThreadsPerOpUs }, memory: r.memory,
     driverStats: stats && { trackedLeases: stats.trackedLeases, inProgress: stats.inProgress, subscription: stats.subscription, errors: Object.fromEntries(Object.entries(stats.errors).filter(([, v]) => v)) },
   };
 }

@@ -48,7 +48,7 @@ impl Driver {
             let call = ScriptCall {
                 script: &scripts::ACQUIRE,
                 keys: vec![keys.lock.clone(), keys.fence.clone()],
-                args: vec![token.clone(), lease_ms.to_string()],
+                args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
             };
             let submitted = Instant::now();
             let eval = link.eval(&conn, &call);

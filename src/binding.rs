@@ -153,6 +153,8 @@ pub struct NativeBackendOptions {
     pub max_key_bytes: u32,
     pub min_replicas: u32,
     pub replica_timeout_ms: u32,
+    /// Absent unless given (decision 0031).
+    pub fence_ttl_ms: Option<i64>,
 }
 
 #[napi]
@@ -172,6 +174,8 @@ pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, Nati
             max_key_bytes: o.max_key_bytes,
             min_replicas: o.min_replicas,
             replica_timeout_ms: o.replica_timeout_ms,
+            // At most 2^53-1 (validated), so exact as i64 and as a JS number.
+            fence_ttl_ms: o.fence_ttl_ms.map(|ttl| ttl as i64),
         }),
         Err(e) => Either::B(e.into()),
     })

@@ -51,6 +51,8 @@ pub struct BackendOptions {
     /// Replicas that must acknowledge a winning acquire and a renew (issue 11; 0 = no WAIT).
     pub min_replicas: u32,
     pub replica_timeout_ms: u32,
+    /// Expiry of a newly seeded fence counter; `None`: counters never expire (decision 0031).
+    pub fence_ttl_ms: Option<u64>,
 }
 
 /// One integer field: its name, default and inclusive range.
@@ -124,6 +126,7 @@ fn required_string<'a>(what: &str, raw: Option<&'a Raw>) -> Result<&'a str, Lock
 pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
     let mut known = vec!["driver", "connection", "namespace"];
     known.extend(INT_FIELDS.iter().map(|f| f.name));
+    known.push("fenceTtlMs");
     let fields = fields("options", raw, &known)?;
 
     match get(fields, "driver") {
@@ -146,6 +149,7 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
             Some(v) => int_in_range(&format!("options.{}", field.name), v, field.min)?,
         };
     }
+    let fence_ttl_ms = get(fields, "fenceTtlMs").map(|v| fence_ttl("options.fenceTtlMs", v)).transpose()?;
     let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes, min_replicas, replica_timeout_ms] =
         ints;
     Ok(BackendOptions {
@@ -161,7 +165,20 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
         max_key_bytes,
         min_replicas,
         replica_timeout_ms,
+        fence_ttl_ms,
     })
+}
+
+/// The largest integer a JS number holds exactly.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// `fenceTtlMs` is only ever handed to Redis (no timer), so it may exceed the 2^31-1 of the
+/// other fields: a month is a sensible value.
+fn fence_ttl(what: &str, raw: &Raw) -> Result<u64, LockError> {
+    match raw {
+        Raw::Number(n) if n.is_finite() && n.fract() == 0.0 && *n >= 1.0 && *n <= MAX_SAFE_INTEGER as f64 => Ok(*n as u64),
+        _ => Err(invalid(format!("{what} must be an integer from 1 to {MAX_SAFE_INTEGER}"))),
+    }
 }
 
 /// Where and how to reach Redis. `url` may hold a password: it is never printed.
@@ -356,6 +373,22 @@ mod tests {
         assert_eq!(parse_backend(&with(("waitTimeoutMs", Raw::Number(0.0)))).unwrap().wait_timeout_ms, 0);
         assert_eq!(parse_backend(&with(("shutdownTimeoutMs", Raw::Number(0.0)))).unwrap().shutdown_timeout_ms, 0);
         assert_eq!(parse_backend(&with(("leaseMs", Raw::Undefined))).unwrap().lease_ms, 10_000);
+    }
+
+    #[test]
+    fn fence_ttl_is_absent_unless_given_and_an_integer_from_one() {
+        assert_eq!(parse_backend(&obj(&base())).unwrap().fence_ttl_ms, None);
+        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Undefined))).unwrap().fence_ttl_ms, None);
+        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(1.0)))).unwrap().fence_ttl_ms, Some(1));
+        let month = 30.0 * 86_400_000.0;
+        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(month)))).unwrap().fence_ttl_ms, Some(2_592_000_000));
+        let max = MAX_SAFE_INTEGER as f64;
+        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(max)))).unwrap().fence_ttl_ms, Some(MAX_SAFE_INTEGER));
+        for bad in [Raw::Number(0.0), Raw::Number(-1.0), Raw::Number(1.5), Raw::Number(f64::NAN), Raw::Number(max + 2.0), Raw::Null, s("60000")] {
+            let e = err(&with(("fenceTtlMs", bad.clone())));
+            assert_eq!(e.code, LockErrorCode::InvalidOptions, "{bad:?}");
+            assert!(e.message.contains("fenceTtlMs") && !e.message.contains("60000"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -28,6 +28,14 @@ pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
 pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
 pub const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
 
+/// ARGV of the acquire script. Without a `fenceTtlMs` the arguments are the same two as
+/// before the option existed.
+pub fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
+    let mut args = vec![token.to_owned(), lease_ms.to_string()];
+    args.extend(fence_ttl_ms.map(|ttl| ttl.to_string()));
+    args
+}
+
 /// What an acquire reply means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireReply {

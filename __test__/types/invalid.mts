@@ -39,6 +39,8 @@ const noNamespace = { driver: 'redis', connection: 'main' } satisfies RedisLockB
 const stringLease = { driver: 'redis', connection: 'main', namespace: 'svc', leaseMs: '10s' } satisfies RedisLockBackendInput
 // @ts-expect-error TS2322 the parsed driver is always 'redis'
 const otherDriver: 'memory' = parseRedisLockBackend({}).driver
+// @ts-expect-error TS2322 fenceTtlMs has no default: the parsed options may lack it
+const alwaysTtl: number = parseRedisLockBackend({}).fenceTtlMs
 
 // --- connection and logger ---------------------------------------------------------------
 // @ts-expect-error TS2353 a connection is a URL or { url, ... }, not host/port

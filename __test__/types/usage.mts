@@ -37,6 +37,7 @@ const input = {
   maxKeyBytes: 1024,
   minReplicas: 1,
   replicaTimeoutMs: 500,
+  fenceTtlMs: 86_400_000,
 } satisfies RedisLockBackendInput
 const minimal: RedisLockBackendInput = { driver: 'redis', connection: 'main', namespace: 'my-service' }
 const parsed: RedisLockBackend = parseRedisLockBackend(minimal)
@@ -46,6 +47,7 @@ const everyDefault: [number, number, number, number, number, number, number, num
   parsed.minReplicas, parsed.replicaTimeoutMs,
 ]
 const namespace: string = parsed.namespace
+const fenceTtlMs: number | undefined = parsed.fenceTtlMs // absent unless given: no default
 const fromYaml: unknown = JSON.parse('{"driver":"redis","connection":"main","namespace":"x"}')
 parseRedisLockBackend(fromYaml) // dokebi-lock passes raw config: `unknown` is accepted
 
