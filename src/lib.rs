@@ -11,6 +11,7 @@ pub mod lease;
 pub mod notify;
 pub mod options;
 pub mod scripts;
+pub mod sentinel;
 pub mod shutdown;
 pub mod stats;
 pub mod waiters;

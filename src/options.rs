@@ -5,6 +5,7 @@
 //! the field and the rule, never the value: a URL holds a password.
 
 use crate::error::{LockError, LockErrorCode};
+use crate::sentinel::{is_sentinel_url, SentinelUrl};
 
 /// A JS value as the binding hands it over.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,6 +165,11 @@ pub struct ConnectionOptions {
     pub tls: Option<TlsOptions>,
     /// `url` names one node of a Redis Cluster.
     pub cluster: bool,
+    /// `url` is a `redis-sentinel://` or `rediss-sentinel://` URL (parsed).
+    pub sentinel: Option<SentinelUrl>,
+    /// Credentials for the Sentinels themselves; the password is never printed.
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
 }
 
 /// PEM strings. The key is secret: never printed.
@@ -183,6 +189,9 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
             .field("cluster", &self.cluster)
+            .field("sentinel", &self.sentinel)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -192,18 +201,25 @@ impl std::fmt::Debug for ConnectionOptions {
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
 pub const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
 
-const SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+const SCHEMES: [&str; 6] = ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
 
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
+    let (mut sentinel_username, mut sentinel_password) = (None, None);
     let (url, name, connect_timeout_ms, command_timeout_ms, tls, cluster) = match raw {
         Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None, false),
         Raw::Object(_) => {
             let fields = fields(
                 "connection",
                 raw,
-                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls"],
+                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls", "sentinelUsername", "sentinelPassword"],
             )?;
+            for (field, slot) in [("sentinelUsername", &mut sentinel_username), ("sentinelPassword", &mut sentinel_password)] {
+                *slot = match get(fields, field) {
+                    None => None,
+                    Some(v) => Some(required_string(&format!("connection.{field}"), Some(v))?.to_owned()),
+                };
+            }
             let cluster = match get(fields, "cluster") {
                 None => false,
                 Some(Raw::Bool(b)) => *b,
@@ -230,19 +246,44 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     }
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
-        Some(s) if s != "rediss" && tls.is_some() => {
-            return Err(invalid("connection.tls needs a rediss:// url".to_owned()));
+        Some(s) if s != "rediss" && s != "rediss-sentinel" && tls.is_some() => {
+            return Err(invalid("connection.tls needs a rediss:// or rediss-sentinel:// url".to_owned()));
         }
         Some(s) if SCHEMES.contains(&s) => {}
-        _ => return Err(invalid("connection.url must start with redis://, rediss://, redis+unix:// or unix://".to_owned())),
+        _ => {
+            return Err(invalid(
+                "connection.url must start with redis://, rediss://, redis+unix://, unix://, redis-sentinel:// or rediss-sentinel://".to_owned(),
+            ))
+        }
     }
-    if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
-        return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
-    }
+    let sentinel = if is_sentinel_url(url) {
+        if cluster {
+            return Err(invalid("connection.cluster cannot be used with a Sentinel url".to_owned()));
+        }
+        Some(SentinelUrl::parse(url).map_err(|rule| invalid(rule.to_owned()))?)
+    } else {
+        if sentinel_username.is_some() || sentinel_password.is_some() {
+            return Err(invalid("connection.sentinelUsername and connection.sentinelPassword need a redis-sentinel:// or rediss-sentinel:// url".to_owned()));
+        }
+        if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+            return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
+        }
+        None
+    };
     if cluster && scheme.as_deref().is_some_and(|s| s.ends_with("unix")) {
         return Err(invalid("connection.cluster needs a redis:// or rediss:// url".to_owned()));
     }
-    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms, tls, cluster })
+    Ok(ConnectionOptions {
+        url: url.to_owned(),
+        name,
+        connect_timeout_ms,
+        command_timeout_ms,
+        tls,
+        cluster,
+        sentinel,
+        sentinel_username,
+        sentinel_password,
+    })
 }
 
 /// `{ ca?, cert?, key? }`, PEM strings; a client certificate needs its key.

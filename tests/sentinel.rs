@@ -1,0 +1,244 @@
+//! Redis HA: the driver finds the primary through Sentinel and follows it through real
+//! failovers (SENTINEL FAILOVER, SIGKILL), with processes started on free ports.
+//!
+//! Fences: with asynchronous replication a counter bump the replica has not received is
+//! lost with the old primary. These tests state the condition they rely on (`WAIT` from a
+//! raw client before the failover); `minReplicas` makes the driver do that itself.
+
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::{driver, eventually, hash, value};
+use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::{Driver, LockErrorCode, Outcome, RedisErrorCode};
+use support::{role, wait_for_replicas, RedisServer, Sentinel};
+use tokio_util::sync::CancellationToken;
+
+const MASTER: &str = "locks";
+
+fn sentinel_url(sentinels: &[&Sentinel]) -> String {
+    let hosts: Vec<String> = sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port())).collect();
+    format!("redis-sentinel://{}#{MASTER}", hosts.join(","))
+}
+
+fn ha_driver(sentinel: &Sentinel, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    driver(common::url(&sentinel_url(&[sentinel])), namespace, extra)
+}
+
+fn lock_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:lock:{{{}}}", hash(key))
+}
+
+fn holds(server: &RedisServer, namespace: &str, key: &str) -> bool {
+    value(&server.command(&["EXISTS", &lock_key(namespace, key)])) == "1"
+}
+
+fn fence(lease: &dokebi_lock_redis::Lease) -> u128 {
+    lease.fence.parse().expect("a decimal fence")
+}
+
+/// Everything written on `primary` so far reached `replica`: a failover keeps it.
+/// (A `WAIT` from a fresh raw client would not do: it waits for that client's own writes.)
+fn replicated(primary: &RedisServer, replica: &RedisServer) {
+    let offset = |server: &RedisServer, field: &str| -> u64 {
+        let info = server.command(&["INFO", "replication"]);
+        info.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let written = offset(primary, "master_repl_offset:");
+    let end = Instant::now() + Duration::from_secs(5);
+    while offset(replica, "slave_repl_offset:") < written {
+        assert!(Instant::now() < end, "the replica did not catch up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A primary, one replica in sync, a Sentinel that knows both.
+fn cluster(extra_conf: &[&str]) -> (RedisServer, RedisServer, Sentinel) {
+    let primary = RedisServer::start_primary();
+    let replica = RedisServer::start_replica_of(&primary);
+    wait_for_replicas(&primary, 1, Duration::from_secs(10));
+    let sentinel = Sentinel::start(MASTER, &primary, extra_conf);
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.replicas_up() < 1 {
+        assert!(Instant::now() < end, "Sentinel did not find the replica");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (primary, replica, sentinel)
+}
+
+async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError> {
+    d.acquire(key, Some(wait_ms), CancellationToken::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_it_still_accepts_writes() {
+    let (old, new, sentinel) = cluster(&[]);
+    let d = ha_driver(&sentinel, "graceful", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "graceful", "k"), "the first lock is on the primary Sentinel names");
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    // The condition: the driver heard Sentinel's +switch-master.
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master", "the old primary is not converted yet: a lock taken there would be lost");
+    assert_eq!(old.command(&["SET", "probe", "1"]), "+OK\r\n", "and it accepts writes");
+
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "graceful", "k"), "the lock after the switch is on the new primary");
+    assert!(!holds(&old, "graceful", "k"), "and not on the old one");
+    assert_eq!(role(&old), "master", "the old primary still took writes while this lock was taken");
+    assert!(fence(&after) > fence(&before), "fences rise across the failover");
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_new_one() {
+    let (mut old, new, sentinel) = cluster(&[]);
+    let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 2_000.0)]);
+    let waiter = ha_driver(&sentinel, "killed", &[]);
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    replicated(&old, &new);
+
+    let started = Instant::now();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 20_000).await })
+    };
+    eventually("the acquire to wait on the old primary", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    old.kill();
+    let lease = wait.await.unwrap().expect("the waiting acquire rode the failover out");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(holds(&new, "killed", "k"), "the lock is on the promoted replica");
+    assert!(fence(&lease) > fence(&held), "fences rise across the failover");
+    assert!(waiter.primary_switches() >= 1);
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    // The holder's lease expired meanwhile; its release finds the key gone.
+    assert!(!holder.release(&held).await.unwrap());
+    holder.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
+    let (old, new, sentinel) = cluster(&[]);
+    // Safety polls so slow that only a notification explains a quick wake-up.
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let holder = ha_driver(&sentinel, "wake", &[("leaseMs", 60_000.0)]);
+    let waiter = ha_driver(&sentinel, "wake", &slow);
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
+    };
+    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the subscription to follow the primary", Duration::from_secs(10), || waiter.subscriptions() >= 2).await;
+    eventually("the holder to hear the switch", Duration::from_secs(10), || holder.primary_switches() >= 1).await;
+
+    let released_at = Instant::now();
+    assert!(holder.release(&held).await.unwrap());
+    assert!(holds(&old, "wake", "k"), "the release ran on the new primary, not the old one");
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    assert!(holds(&new, "wake", "k"));
+    assert!(fence(&lease) > fence(&held));
+    assert!(waiter.notifications_received() >= 1);
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
+/// `+switch-master` and stays on the old primary until that refuses its writes.
+const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_again() {
+    let (old, new, sentinel) = cluster(&[NO_SUBSCRIBE]);
+    let connection = common::connection(
+        &sentinel_url(&[&sentinel]),
+        &[("sentinelUsername", Raw::String("asker".into())), ("sentinelPassword", Raw::String("asker-pw".into()))],
+    );
+    let d = driver(connection, "demoted", &[]);
+    let first = acquire(&d, "a", 0).await.unwrap();
+    assert!(holds(&old, "demoted", "a"));
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.primary_port() != Some(new.port) {
+        assert!(Instant::now() < end, "Sentinel did not switch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What Sentinel does to the old primary on a later INFO round, seconds from now.
+    let new_port = new.port.to_string();
+    assert_eq!(old.command(&["REPLICAOF", "127.0.0.1", &new_port]), "+OK\r\n");
+    assert_eq!(role(&old), "slave");
+    assert_eq!(d.primary_switches(), 0, "this driver cannot hear the switch");
+
+    let refused = acquire(&d, "b", 0).await.unwrap_err();
+    assert_eq!(refused.code, LockErrorCode::ProviderFailed);
+    let cause = refused.cause.as_ref().unwrap();
+    assert_eq!((cause.server_code.as_deref(), cause.retryable()), (Some("READONLY"), true));
+
+    let lease = acquire(&d, "b", 0).await.expect("the next acquire goes to the primary Sentinel names now");
+    assert!(holds(&new, "demoted", "b"));
+    assert!(fence(&lease) > 0 && fence(&first) > 0);
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_sentinel_names_that_reports_itself_a_replica_takes_no_lock() {
+    let (named, other, sentinel) = cluster(&[]);
+    // The node Sentinel names becomes a writable replica behind Sentinel's back: without
+    // the ROLE check a lock would be written on a replica, and lost at its next sync.
+    other.command(&["REPLICAOF", "NO", "ONE"]);
+    named.command(&["CONFIG", "SET", "replica-read-only", "no"]);
+    named.command(&["REPLICAOF", "127.0.0.1", &other.port.to_string()]);
+    assert_eq!(role(&named), "slave");
+    assert_eq!(sentinel.primary_port(), Some(named.port));
+
+    let d = ha_driver(&sentinel, "role", &[("pollIntervalMs", 50.0)]);
+    let err = acquire(&d, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    let cause = err.cause.as_ref().unwrap();
+    assert_eq!((cause.code, cause.outcome, cause.retryable()), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, true));
+    // A waiting acquire rides it out until its wait ends, then reports it.
+    let started = Instant::now();
+    let err = acquire(&d, "k", 300).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(!holds(&named, "role", "k") && !holds(&other, "role", "k"));
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_address() {
+    let (primary, _replica, sentinel) = cluster(&[]);
+    // A listed Sentinel that is down is skipped: the next one answers.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis-sentinel://127.0.0.1:{gone},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "order", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&primary, "order", "k"));
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    // A master name no Sentinel knows: PROVIDER_FAILED, nothing sent, no address or secret told.
+    let unknown = format!("redis-sentinel://:data-secret@127.0.0.1:{gone},127.0.0.1:{}#nobody", sentinel.port());
+    let d = driver(common::url(&unknown), "order", &[]);
+    let err = acquire(&d, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    let text = format!("{err:?}");
+    assert!(!text.contains("127.0.0.1") && !text.contains(&gone.to_string()) && !text.contains("data-secret"), "{text}");
+    d.shutdown().await.unwrap();
+}
