@@ -403,4 +403,55 @@ mod tests {
         let e = parse_connection(&obj(&[("url", s("redis://h")), ("port", Raw::Number(1.0))])).unwrap_err();
         assert!(e.message.contains("'port'"));
     }
+
+    #[test]
+    fn sentinel_urls_list_their_sentinels_and_never_show_a_secret() {
+        let c = parse_connection(&s("redis-sentinel://:hunter2@s1,s2:26380/2#mymaster")).unwrap();
+        let sentinel = c.sentinel.as_ref().unwrap();
+        assert_eq!(sentinel.sentinels, ["s1:26379", "s2:26380"]);
+        assert_eq!((sentinel.master_name.as_str(), sentinel.tls), ("mymaster", false));
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let with_auth = obj(&[
+            ("url", s("rediss-sentinel://user:hunter2@s1#m")),
+            ("sentinelUsername", s("watcher")),
+            ("sentinelPassword", s("s3ntinel-pw")),
+            ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))])),
+        ]);
+        let c = parse_connection(&with_auth).unwrap();
+        assert!(c.sentinel.as_ref().unwrap().tls);
+        assert_eq!((c.sentinel_username.as_deref(), c.sentinel_password.as_deref()), (Some("watcher"), Some("s3ntinel-pw")));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3ntinel-pw") && !shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn a_bad_sentinel_connection_names_the_rule_and_never_the_value() {
+        let cases = [
+            ("redis-sentinel://:hunter2@secret-host,secret-host:26380", "#masterName"),
+            ("redis-sentinel://:hunter2@secret-host#", "#masterName"),
+            ("redis-sentinel://:hunter2@secret-host,#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host:99999#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host:x#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@[::1#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host/db#m", "database"),
+            ("redis-sentinel://:hunter2@secret-host?x=1#m", "query"),
+            ("redis-sentinel://:hunter2@secret-host#m s", "masterName"),
+        ];
+        for (url, rule) in cases {
+            let e = parse_connection(&s(url)).unwrap_err();
+            assert_eq!(e.code, LockErrorCode::InvalidOptions, "{url}");
+            assert!(e.message.contains(rule), "{url}: {}", e.message);
+            assert!(!e.message.contains("hunter2") && !e.message.contains("secret-host"), "{}", e.message);
+            assert!(!format!("{e:?}").contains("hunter2"));
+        }
+        let cluster = obj(&[("url", s("redis-sentinel://:hunter2@secret-host#m")), ("cluster", Raw::Bool(true))]);
+        assert!(parse_connection(&cluster).unwrap_err().message.contains("cluster cannot be used with a Sentinel url"));
+        let plain_with_auth = obj(&[("url", s("redis://secret-host")), ("sentinelPassword", s("s3ntinel-pw"))]);
+        let e = parse_connection(&plain_with_auth).unwrap_err();
+        assert!(e.message.contains("sentinelPassword") && !e.message.contains("s3ntinel-pw"), "{}", e.message);
+        let tls_without_tls = obj(&[("url", s("redis-sentinel://secret-host#m")), ("tls", obj(&[]))]);
+        assert!(parse_connection(&tls_without_tls).unwrap_err().message.contains("rediss-sentinel://"));
+        let empty_password = obj(&[("url", s("redis-sentinel://secret-host#m")), ("sentinelPassword", s(""))]);
+        assert!(parse_connection(&empty_password).unwrap_err().message.contains("connection.sentinelPassword must not be empty"));
+    }
 }
