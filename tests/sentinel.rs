@@ -306,3 +306,47 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     d.shutdown().await.unwrap();
     holder.shutdown().await.unwrap();
 }
+
+/// README.md, "Least privilege" for the data nodes (namespace `locks`), plus `+role`.
+const DATA_RULE: &[&str] = &[
+    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
+    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping", "+role",
+];
+/// README.md, "Least privilege" for the Sentinels.
+const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
+    let (old, new, sentinel) = cluster(&[SENTINEL_RULE]);
+    for node in [&old, &new] {
+        let mut setuser = vec!["ACL", "SETUSER", "locker"];
+        setuser.extend_from_slice(DATA_RULE);
+        assert!(node.command(&setuser).starts_with("+OK"));
+    }
+    let url = format!("redis-sentinel://locker:s3cret@127.0.0.1:{}#{MASTER}", sentinel.port());
+    let connection =
+        common::connection(&url, &[("sentinelUsername", Raw::String("watcher".into())), ("sentinelPassword", Raw::String("w4tcher".into()))]);
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let d = driver(connection, "locks", &slow);
+
+    let held = acquire(&d, "k", 0).await.unwrap();
+    d.renew(&held).await.unwrap();
+    let waiter = {
+        let d = d.clone();
+        tokio::spawn(async move { acquire(&d, "k", 30_000).await })
+    };
+    eventually("the subscription", Duration::from_secs(5), || d.subscription_state() == SubscriptionState::Live).await;
+    replicated(&old, &new);
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the switch to be heard", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    d.renew(&held).await.unwrap();
+    assert!(d.release(&held).await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken by the notification").unwrap().unwrap();
+    assert!(holds(&new, "locks", "k"));
+    assert!(d.release(&next).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    for server in [&old.command(&["ACL", "LOG"]), &new.command(&["ACL", "LOG"]), &sentinel.command(&["ACL", "LOG"])] {
+        assert!(!server.contains("locker") && !server.contains("watcher"), "ACL LOG has denials: {server}");
+    }
+}
