@@ -204,8 +204,13 @@ impl Sentinel {
         }
     }
 
+    /// Ends the watcher and drops the kept Sentinel connection. A resolution still in
+    /// progress (a late cleanup after shutdown) keeps its connection until it ends.
     pub fn stop(&self) {
         self.stop.cancel();
+        if let Ok(mut asked) = self.asked.try_lock() {
+            *asked = None;
+        }
     }
 
     /// Switches heard or found since the start (for tests and diagnostics).

@@ -102,6 +102,12 @@ async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_
     assert!(fence(&after) > fence(&before), "fences rise across the failover");
     assert!(d.release(&after).await.unwrap());
     d.shutdown().await.unwrap();
+    // Shutdown ends the watcher: no connection of the driver stays open on the Sentinel
+    // (the only client left is the one asking).
+    eventually("the driver's Sentinel connections to close", Duration::from_secs(5), || {
+        sentinel.command(&["CLIENT", "LIST"]).lines().filter(|l| l.starts_with("id=")).count() == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
