@@ -85,7 +85,7 @@ impl NodeClients {
 /// Where the data node is.
 enum Target {
     /// The node the URL names (the one a Cluster is reached through).
-    Fixed(NodeClients),
+    Fixed(Box<NodeClients>),
     /// The primary Sentinel names, asked again at each connect.
     Sentinel(Arc<Sentinel>),
 }
@@ -137,9 +137,9 @@ impl RedisLink {
                     None => Client::open(info),
                     Some(tls) => Client::build_with_tls(info, certificates(tls)),
                 };
-                Target::Sentinel(Arc::new(Sentinel::new(sentinel_url.clone(), auth, open, connect_timeout, command_timeout, driver_id)?))
+                Target::Sentinel(Arc::new(Sentinel::new(sentinel_url.clone(), auth, open, connect_timeout, command_timeout)?))
             }
-            None => Target::Fixed(NodeClients::new(options.url.as_str().into_connection_info()?, options.tls.as_ref())?),
+            None => Target::Fixed(Box::new(NodeClients::new(options.url.as_str().into_connection_info()?, options.tls.as_ref())?)),
         };
         let cluster = if options.cluster {
             // No retries: redis-rs would resend a command after an I/O error, and a command

@@ -38,7 +38,6 @@ pub struct Sentinel {
     watching: AtomicBool,
     /// Cancelled when the link closes: ends the watcher.
     stop: CancellationToken,
-    driver_id: u64,
 }
 
 /// Credentials for the Sentinels themselves (`sentinelUsername` / `sentinelPassword`).
@@ -54,7 +53,6 @@ impl Sentinel {
         open: impl Fn(ConnectionInfo) -> redis::RedisResult<Client>,
         connect_timeout: Duration,
         command_timeout: Duration,
-        driver_id: u64,
     ) -> redis::RedisResult<Self> {
         let sentinels = url
             .sentinels
@@ -84,7 +82,6 @@ impl Sentinel {
             asked: tokio::sync::Mutex::new(None),
             watching: AtomicBool::new(false),
             stop: CancellationToken::new(),
-            driver_id,
         })
     }
 
@@ -211,15 +208,6 @@ impl Sentinel {
         if let Ok(mut asked) = self.asked.try_lock() {
             *asked = None;
         }
-    }
-
-    /// Switches heard or found since the start (for tests and diagnostics).
-    pub fn switch_count(&self) -> u64 {
-        self.epoch()
-    }
-
-    pub fn driver_id(&self) -> u64 {
-        self.driver_id
     }
 }
 
