@@ -93,7 +93,7 @@ enum Target {
 pub struct RedisLink {
     target: Target,
     tls: Option<TlsOptions>,
-    /// The server refused HELLO 3 (Redis < 6): commands use `client`.
+    /// The server refused HELLO 3 (Redis < 6): commands use the RESP2 client.
     resp2_only: AtomicBool,
     cluster: Option<ClusterClient>,
     config: AsyncConnectionConfig,
@@ -344,7 +344,8 @@ impl RedisLink {
             // Known dead (or no longer to the primary) before anything was handed to it:
             // nothing was sent.
             self.forget(conn);
-            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the connection to Redis had closed"));
+            let message = if conn.is_closed() { "the connection to Redis had closed" } else { "the primary changed before the command was sent" };
+            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message));
         }
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
