@@ -82,6 +82,9 @@ async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<std::sync::Arc<d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_it_still_accepts_writes() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (old, new, sentinel) = cluster(&[]);
     let d = ha_driver(&sentinel, "graceful", &[]);
     let before = acquire(&d, "k", 0).await.unwrap();
@@ -112,6 +115,9 @@ async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_new_one() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (mut old, new, sentinel) = cluster(&[]);
     let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 2_000.0)]);
     let waiter = ha_driver(&sentinel, "killed", &[]);
@@ -139,6 +145,9 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (old, new, sentinel) = cluster(&[]);
     // Safety polls so slow that only a notification explains a quick wake-up.
     let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
@@ -177,6 +186,9 @@ const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_again() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (old, new, sentinel) = cluster(&[NO_SUBSCRIBE]);
     let connection = common::connection(
         &sentinel_url(&[&sentinel]),
@@ -213,6 +225,9 @@ async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_agai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_sentinel_names_that_reports_itself_a_replica_takes_no_lock() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (named, other, sentinel) = cluster(&[]);
     // The node Sentinel names becomes a writable replica behind Sentinel's back: without
     // the ROLE check a lock would be written on a replica, and lost at its next sync.
@@ -238,6 +253,9 @@ async fn a_node_sentinel_names_that_reports_itself_a_replica_takes_no_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_address() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (primary, _replica, sentinel) = cluster(&[]);
     // A listed Sentinel that is down is skipped: the next one answers.
     let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -260,6 +278,9 @@ async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_ad
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     // Replicas are in sync before each failover (`replicated`): the condition under which
     // asynchronous replication keeps the counter. With `minReplicas: 1` the driver itself
     // would wait for that.
@@ -323,6 +344,9 @@ const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-mas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
     let (old, new, sentinel) = cluster(&[SENTINEL_RULE]);
     for node in [&old, &new] {
         let mut setuser = vec!["ACL", "SETUSER", "locker"];
@@ -355,4 +379,32 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
     for server in [&old.command(&["ACL", "LOG"]), &new.command(&["ACL", "LOG"]), &sentinel.command(&["ACL", "LOG"])] {
         assert!(!server.contains("locker") && !server.contains("watcher"), "ACL LOG has denials: {server}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, mut first) = cluster(&[]);
+    let second = Sentinel::start(MASTER, &old, &[]);
+    while second.replicas_up() < 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let d = driver(common::url(&sentinel_url(&[&first, &second])), "watch", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    let subscribed = |sentinel: &Sentinel| sentinel.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "));
+    eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first)).await;
+
+    first.server.kill();
+    eventually("the watcher on the next Sentinel", Duration::from_secs(5), || subscribed(&second)).await;
+    replicated(&old, &new);
+    second.failover(Duration::from_secs(10));
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master", "the old primary still takes writes");
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "watch", "k") && !holds(&old, "watch", "k"));
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
 }
