@@ -408,3 +408,82 @@ async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
     assert!(d.release(&lease).await.unwrap());
     d.shutdown().await.unwrap();
 }
+
+/// A CA and a certificate for 127.0.0.1 (the openssl CLI), for every node and Sentinel.
+fn certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ha-test-ca"]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1"]);
+    std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&["x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.crt", "-days", "2", "-extfile", "ext"]);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_a_failover() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let dir = std::env::temp_dir().join(format!("dokebi-ha-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    certificates(&dir);
+    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let (cert, key, ca_file) = (path("node.crt"), path("node.key"), path("ca.crt"));
+    // Plain ports stay for the harness; replication and Sentinel go over TLS.
+    let tls_args = |port: &str| -> Vec<String> {
+        ["--tls-port", port, "--tls-cert-file", &cert, "--tls-key-file", &key, "--tls-ca-cert-file", &ca_file]
+            .iter()
+            .chain(["--tls-auth-clients", "no", "--tls-replication", "yes", "--repl-diskless-sync-delay", "0"].iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let (primary_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
+    let args = tls_args(&primary_tls.to_string());
+    let old = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut args = tls_args(&replica_tls.to_string());
+    args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_tls.to_string()]);
+    let new = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for_replicas(&old, 1, Duration::from_secs(10));
+    let conf = [
+        format!("tls-port {sentinel_tls}"),
+        format!("tls-cert-file {cert}"),
+        format!("tls-key-file {key}"),
+        format!("tls-ca-cert-file {ca_file}"),
+        "tls-auth-clients no".to_owned(),
+        "tls-replication yes".to_owned(),
+    ];
+    let sentinel = Sentinel::start_for_port(MASTER, primary_tls, &conf.iter().map(String::as_str).collect::<Vec<_>>());
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.replicas_up() < 1 {
+        assert!(Instant::now() < end, "Sentinel did not find the replica");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let ca = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
+    let url = format!("rediss-sentinel://127.0.0.1:{sentinel_tls}#{MASTER}");
+    let d = driver(common::connection(&url, &[("tls", Raw::Object(vec![("ca".to_owned(), Raw::String(ca))]))]), "tls", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "tls", "k"));
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the driver to hear the switch over TLS", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "tls", "k") && !holds(&old, "tls", "k"));
+    assert!(fence(&after) > fence(&before));
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    // Without the private CA no Sentinel is trusted: PROVIDER_FAILED, nothing sent.
+    let stranger = driver(common::url(&url), "tls", &[]);
+    let err = acquire(&stranger, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    stranger.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -491,8 +491,13 @@ pub struct Sentinel {
 impl Sentinel {
     /// `extra_conf`: more sentinel.conf lines, e.g. an ACL `user` line.
     pub fn start(name: &str, primary: &RedisServer, extra_conf: &[&str]) -> Self {
+        Self::start_for_port(name, primary.port, extra_conf)
+    }
+
+    /// Monitors the primary at `port` (e.g. its TLS port, with `tls-replication yes`).
+    pub fn start_for_port(name: &str, port: u16, extra_conf: &[&str]) -> Self {
         let mut lines = vec![
-            format!("sentinel monitor {name} {HOST} {} 1", primary.port),
+            format!("sentinel monitor {name} {HOST} {port} 1"),
             format!("sentinel down-after-milliseconds {name} 500"),
             format!("sentinel failover-timeout {name} 3000"),
         ];
