@@ -53,11 +53,19 @@ export interface RedisErrorLike extends Error {
   readonly serverCode?: string
 }
 
-/** Where Redis is. The Redis I/O runs in Rust, so the driver takes an address, not a JS client. */
+/**
+ * Where Redis is. The Redis I/O runs in Rust, so the driver takes an address, not a JS client.
+ *
+ * Through Sentinel: `redis-sentinel://[[user]:password@]host[:port][,host[:port]]…[/db]#masterName`
+ * (Sentinel port 26379 by default; the credentials and database are the data nodes'), or
+ * `rediss-sentinel://…` for TLS to the Sentinels and the data nodes. The driver asks the
+ * Sentinels in the listed order, confirms the primary with ROLE and follows it through
+ * failovers (README.md, "Connecting through Sentinel").
+ */
 export type RedisConnectionLike =
   | string
   | {
-      /** `redis://`, `rediss://`, `redis+unix://` or `unix://`. */
+      /** `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis-sentinel://` or `rediss-sentinel://`. */
       url: string
       /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
       name?: string | undefined
@@ -65,9 +73,13 @@ export type RedisConnectionLike =
       connectTimeoutMs?: number | undefined
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number | undefined
-      /** `url` names one node of a Redis Cluster. */
+      /** `url` names one node of a Redis Cluster. Not with a Sentinel URL. */
       cluster?: boolean | undefined
-      /** PEM strings, for `rediss://` with a private CA or a client certificate (cert and key together). */
+      /** The Sentinels' own user (Sentinel URLs only); the URL's credentials are the data nodes'. */
+      sentinelUsername?: string | undefined
+      /** The Sentinels' own password (Sentinel URLs only). Never printed. */
+      sentinelPassword?: string | undefined
+      /** PEM strings, for `rediss://` (or `rediss-sentinel://`: Sentinels and data nodes) with a private CA or a client certificate (cert and key together). */
       tls?: { ca?: string | undefined; cert?: string | undefined; key?: string | undefined } | undefined
     }
 

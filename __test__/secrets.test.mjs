@@ -98,6 +98,12 @@ test('drive every error path with the secrets in play', { skip, timeout: 60_000 
   await capture('other name', () => createRedisLockDriver({ url: urlOf(main.port), name: `other-${PASSWORD}` }, opts()));
   await capture('tls not PEM', () => createRedisLockDriver({ url: `rediss://${USER}:${PASSWORD}@127.0.0.1:${main.port}`, tls: { ca: PASSWORD } }, opts()));
   await capture('tls on redis://', () => createRedisLockDriver({ url: urlOf(main.port), tls: { ca: `-----BEGIN ${PASSWORD}` } }, opts()));
+  // Sentinel URLs: the data nodes' password in the URL, the Sentinels' in sentinelPassword.
+  const sentinelUrl = (rest) => `redis-sentinel://${USER}:${PASSWORD}@127.0.0.1:${main.port}${rest}`;
+  await capture('sentinel without #masterName', () => createRedisLockDriver(sentinelUrl('/0'), opts()));
+  await capture('sentinel bad host', () => createRedisLockDriver(sentinelUrl(`,127.0.0.1:${PASSWORD}#locks`), opts()));
+  await capture('sentinel with cluster', () => createRedisLockDriver({ url: sentinelUrl('#locks'), cluster: true }, opts()));
+  await capture('sentinelPassword on redis://', () => createRedisLockDriver({ url: urlOf(main.port), sentinelPassword: PASSWORD }, opts()));
   await capture('namespace', () => parseRedisLockBackend({ ...opts(), namespace: `ns {${PASSWORD}}` }));
   await capture('connection name', () => parseRedisLockBackend({ ...opts(), connection: 42 }));
   await capture('driver', () => parseRedisLockBackend({ ...opts(), driver: PASSWORD }));
@@ -145,6 +151,8 @@ test('drive every error path with the secrets in play', { skip, timeout: 60_000 
   const dead = await freePort();
   ports.add(dead);
   await capture('nothing listening', () => driver('dead', fast(urlOf(dead))).acquire(secretKey(), { waitTimeoutMs: 0 }));
+  const noSentinel = { ...fast(`redis-sentinel://${USER}:${PASSWORD}@127.0.0.1:${dead}#locks`), sentinelUsername: USER, sentinelPassword: PASSWORD };
+  await capture('no Sentinel answers', () => driver('no sentinel', noSentinel).acquire(secretKey(), { waitTimeoutMs: 200 }));
   proxy.refuse();
   await capture('refused', () => driver('refused', fast(urlOf(proxy.port))).acquire(secretKey(), { waitTimeoutMs: 200 }));
   proxy.accept();

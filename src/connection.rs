@@ -19,12 +19,15 @@ use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailu
 use crate::events;
 use crate::options::{ConnectionOptions, TlsOptions};
 use crate::scripts::LuaScript;
+use crate::sentinel::{self, Sentinel, SentinelAuth};
 
 /// A connection of a known generation, so a failure resets only the connection it hit.
 #[derive(Clone)]
 pub struct Conn {
     inner: Handle,
     generation: u64,
+    /// The Sentinel epoch of the primary this connects to (always 0 without Sentinel).
+    epoch: u64,
     /// Set by redis-rs (a RESP3 push) when the connection closed, so no command is handed
     /// to a dead connection: that one would fail as "outcome unknown" (decision 0013).
     closed: Arc<AtomicBool>,
@@ -66,13 +69,36 @@ enum State {
     Connected(Conn),
 }
 
-pub struct RedisLink {
-    /// The node the URL names: the subscription in both modes, commands against a server
-    /// without RESP3.
-    client: Client,
+/// Clients for one data node.
+struct NodeClients {
+    /// Subscriptions, and commands against a server without RESP3.
+    resp2: Client,
     /// The same, speaking RESP3 so that a closed connection is announced (decision 0013).
     resp3: Client,
-    /// The server refused HELLO 3 (Redis < 6): commands use `client`.
+}
+
+impl NodeClients {
+    fn new(info: redis::ConnectionInfo, tls: Option<&TlsOptions>) -> redis::RedisResult<Self> {
+        let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        Ok(match tls {
+            None => Self { resp2: Client::open(info)?, resp3: Client::open(info_resp3)? },
+            Some(tls) => Self { resp2: Client::build_with_tls(info, certificates(tls))?, resp3: Client::build_with_tls(info_resp3, certificates(tls))? },
+        })
+    }
+}
+
+/// Where the data node is.
+enum Target {
+    /// The node the URL names (the one a Cluster is reached through).
+    Fixed(Box<NodeClients>),
+    /// The primary Sentinel names, asked again at each connect.
+    Sentinel(Arc<Sentinel>),
+}
+
+pub struct RedisLink {
+    target: Target,
+    tls: Option<TlsOptions>,
+    /// The server refused HELLO 3 (Redis < 6): commands use the RESP2 client.
     resp2_only: AtomicBool,
     cluster: Option<ClusterClient>,
     config: AsyncConnectionConfig,
@@ -104,7 +130,8 @@ impl ScriptCall {
 impl RedisLink {
     /// Fails INVALID_OPTIONS naming the field at fault: the URL, or a TLS PEM.
     pub fn new(options: &ConnectionOptions, driver_id: u64) -> Result<Self, LockError> {
-        if options.url.to_ascii_lowercase().starts_with("rediss://") {
+        let url = options.url.to_ascii_lowercase();
+        if url.starts_with("rediss://") || url.starts_with("rediss-sentinel://") {
             install_crypto_provider();
         }
         if let Some(tls) = &options.tls {
@@ -115,13 +142,19 @@ impl RedisLink {
     }
 
     fn build(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
-        let info = options.url.as_str().into_connection_info()?;
-        let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
-        let (client, resp3) = match &options.tls {
-            None => (Client::open(info)?, Client::open(info_resp3)?),
-            Some(tls) => (Client::build_with_tls(info, certificates(tls))?, Client::build_with_tls(info_resp3, certificates(tls))?),
-        };
         let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
+        let command_timeout = Duration::from_millis(options.command_timeout_ms.into());
+        let target = match &options.sentinel {
+            Some(sentinel_url) => {
+                let auth = SentinelAuth { username: options.sentinel_username.as_deref(), password: options.sentinel_password.as_deref() };
+                let open = |info| match &options.tls {
+                    None => Client::open(info),
+                    Some(tls) => Client::build_with_tls(info, certificates(tls)),
+                };
+                Target::Sentinel(Arc::new(Sentinel::new(sentinel_url.clone(), auth, open, connect_timeout, command_timeout)?))
+            }
+            None => Target::Fixed(Box::new(NodeClients::new(options.url.as_str().into_connection_info()?, options.tls.as_ref())?)),
+        };
         let cluster = if options.cluster {
             // No retries: redis-rs would resend a command after an I/O error, and a command
             // with an unsettled outcome is never retried (redirects are handled in `eval`).
@@ -137,13 +170,13 @@ impl RedisLink {
         // acquire that succeeded after its caller gave up can be cleaned up.
         let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
         Ok(Self {
-            client,
-            resp3,
+            target,
+            tls: options.tls.clone(),
             resp2_only: AtomicBool::new(false),
             cluster,
             config,
             connect_timeout,
-            command_timeout: Duration::from_millis(options.command_timeout_ms.into()),
+            command_timeout,
             state: Mutex::new(State::Idle),
             generation: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -156,6 +189,33 @@ impl RedisLink {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The Sentinel epoch now (0 without Sentinel).
+    fn epoch(&self) -> u64 {
+        match &self.target {
+            Target::Sentinel(sentinel) => sentinel.epoch(),
+            Target::Fixed(_) => 0,
+        }
+    }
+
+    /// Closed, or connected to a node that is no longer the primary: nothing more is sent
+    /// on it.
+    fn is_stale(&self, conn: &Conn) -> bool {
+        conn.is_closed() || conn.epoch != self.epoch()
+    }
+
+    /// Changes of primary (Sentinel): the subscription follows them. None without Sentinel.
+    pub fn primary_switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match &self.target {
+            Target::Sentinel(sentinel) => Some(sentinel.switches()),
+            Target::Fixed(_) => None,
+        }
+    }
+
+    /// Changes of primary seen since the start (0 without Sentinel).
+    pub fn primary_switch_count(&self) -> u64 {
+        self.epoch()
+    }
+
     /// The shared connection, opened on first use. The connect runs in its own task, so it
     /// goes on (bounded by connectTimeoutMs) when every caller stopped waiting for it: a
     /// waiter whose wait ended leaves it to the next caller, never half-done (decision 0004).
@@ -163,7 +223,7 @@ impl RedisLink {
         let attempt = {
             let mut state = self.state();
             match &*state {
-                State::Connected(conn) if !conn.is_closed() => return Ok(conn.clone()),
+                State::Connected(conn) if !self.is_stale(conn) => return Ok(conn.clone()),
                 State::Connecting(_, attempt) => attempt.clone(),
                 // Nothing open, or the open one was announced closed: connect anew.
                 State::Idle | State::Connected(_) => {
@@ -201,24 +261,44 @@ impl RedisLink {
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
         let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
-            Ok(match &self.cluster {
-                Some(cluster) => Handle::Cluster(cluster.get_async_connection().await?),
-                None => Handle::Single(self.open_single(&closed).await?),
-            })
+            match (&self.target, &self.cluster) {
+                (_, Some(cluster)) => Ok((Handle::Cluster(cluster.get_async_connection().await.map_err(|e| RedisFailure::connect(&e))?), 0)),
+                (Target::Fixed(node), None) => Ok((Handle::Single(self.open_single(node, &closed).await.map_err(|e| RedisFailure::connect(&e))?), 0)),
+                (Target::Sentinel(sentinel), None) => self.open_primary(sentinel, &closed).await,
+            }
         };
-        let inner = match tokio::time::timeout(self.connect_timeout, connect).await {
+        let (inner, epoch) = match tokio::time::timeout(self.connect_timeout, connect).await {
             Err(_) => return Err(RedisFailure::connect_timeout()),
-            Ok(Err(err)) => return Err(RedisFailure::connect(&err)),
-            Ok(Ok(inner)) => inner,
+            Ok(Err(failure)) => return Err(failure),
+            Ok(Ok(opened)) => opened,
         };
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
             tokio::spawn(check_eviction_policy(self.clone(), inner.clone()));
         }
-        Ok(Conn { inner, generation, closed })
+        Ok(Conn { inner, generation, epoch, closed })
+    }
+
+    /// The primary Sentinel names, confirmed by ROLE on the connection that will carry the
+    /// commands. Asked again when the primary changed while this connected.
+    async fn open_primary(&self, sentinel: &Arc<Sentinel>, closed: &Arc<AtomicBool>) -> Result<(Handle, u64), RedisFailure> {
+        loop {
+            let began = sentinel.epoch();
+            let address = sentinel.primary_address().await?;
+            let node = sentinel
+                .node_info(&address)
+                .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
+                .map_err(|e| RedisFailure::connect(&e))?;
+            let mut conn = self.open_single(&node, closed).await.map_err(|e| RedisFailure::connect(&e))?;
+            sentinel::confirm_primary(&mut conn).await?;
+            if let Some(epoch) = sentinel.confirm(began, &address) {
+                sentinel.watch();
+                return Ok((Handle::Single(conn), epoch));
+            }
+        }
     }
 
     /// A RESP3 connection that announces its own end, or RESP2 where the server has no HELLO.
-    async fn open_single(&self, closed: &Arc<AtomicBool>) -> redis::RedisResult<MultiplexedConnection> {
+    async fn open_single(&self, node: &NodeClients, closed: &Arc<AtomicBool>) -> redis::RedisResult<MultiplexedConnection> {
         if !self.resp2_only.load(Ordering::Acquire) {
             let flag = closed.clone();
             let config = self.config.clone().set_push_sender(move |push: redis::PushInfo| {
@@ -227,14 +307,14 @@ impl RedisLink {
                 }
                 Ok::<(), std::convert::Infallible>(())
             });
-            match self.resp3.get_multiplexed_async_connection_with_config(&config).await {
+            match node.resp3.get_multiplexed_async_connection_with_config(&config).await {
                 // An old server answers HELLO with NOPROTO or "ERR unknown command"; other
                 // ERRs (maxclients) say nothing about the protocol.
                 Err(err) if is_no_resp3(&err) => self.resp2_only.store(true, Ordering::Release),
                 other => return other,
             }
         }
-        self.client.get_multiplexed_async_connection_with_config(&self.config).await
+        node.resp2.get_multiplexed_async_connection_with_config(&self.config).await
     }
 
     /// Drops `conn` if it is still the shared one, so the next command reconnects.
@@ -257,12 +337,28 @@ impl RedisLink {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         *self.state() = State::Idle;
+        if let Target::Sentinel(sentinel) = &self.target {
+            sentinel.stop();
+        }
     }
 
     /// A dedicated connection subscribed to `channel`, confirmed by the server.
+    /// With Sentinel: on the node Sentinel names now (no ROLE check: a subscription on the
+    /// wrong node only misses notifications, and it moves at the next change of primary).
     pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
         let connect = async {
-            let mut pubsub = self.client.get_async_pubsub().await.map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+            let client = match &self.target {
+                Target::Fixed(node) => node.resp2.clone(),
+                Target::Sentinel(sentinel) => {
+                    let address = sentinel.primary_address().await.map_err(SubscribeFailure::Failed)?;
+                    let node = sentinel
+                        .node_info(&address)
+                        .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
+                        .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+                    node.resp2
+                }
+            };
+            let mut pubsub = client.get_async_pubsub().await.map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
             pubsub.subscribe(channel).await.map_err(|e| {
                 let failure = RedisFailure::command(&e);
                 if refuses_subscribe(&e) {
@@ -281,10 +377,12 @@ impl RedisLink {
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
-        if conn.is_closed() {
-            // Known dead before anything was handed to it: nothing was sent.
+        if self.is_stale(conn) {
+            // Known dead (or no longer to the primary) before anything was handed to it:
+            // nothing was sent.
             self.forget(conn);
-            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the connection to Redis had closed"));
+            let message = if conn.is_closed() { "the connection to Redis had closed" } else { "the primary changed before the command was sent" };
+            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message));
         }
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
@@ -303,15 +401,22 @@ impl RedisLink {
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
             self.forget(conn);
         }
+        // A demoted primary refuses writes: ask Sentinel where the primary went.
+        if matches!(&self.target, Target::Sentinel(_)) && matches!(&reply, Err(f) if f.server_code.as_deref() == Some("READONLY")) {
+            self.forget(conn);
+        }
         reply
     }
 
     /// Sends one command on `conn` itself, not on whichever connection is current: WAIT
     /// counts the writes of the connection it runs on (issue 11). Not timed, like `eval`.
+    /// On a connection to a node that is no longer the primary nothing is sent: a WAIT there
+    /// would count the replicas of a demoted node, so the write counts as unconfirmed.
     pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
-        if conn.is_closed() {
+        if self.is_stale(conn) {
             self.forget(conn);
-            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the connection to Redis had closed"));
+            let message = if conn.is_closed() { "the connection to Redis had closed" } else { "the primary changed before the command was sent" };
+            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message));
         }
         let reply = send(&mut conn.inner.clone(), cmd).await;
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
@@ -337,6 +442,14 @@ impl RedisLink {
                 self.forget(&conn);
                 Err(RedisFailure::command_timeout())
             }
+        }
+    }
+}
+
+impl Drop for RedisLink {
+    fn drop(&mut self) {
+        if let Target::Sentinel(sentinel) = &self.target {
+            sentinel.stop();
         }
     }
 }
@@ -432,7 +545,10 @@ async fn check_eviction_policy(link: Arc<RedisLink>, conn: Handle) {
     let ask = async {
         let mut conn = match conn {
             Handle::Single(conn) => conn,
-            Handle::Cluster(_) => link.client.get_multiplexed_async_connection_with_config(&link.config).await?,
+            Handle::Cluster(_) => match &link.target {
+                Target::Fixed(node) => node.resp2.get_multiplexed_async_connection_with_config(&link.config).await?,
+                Target::Sentinel(_) => return Ok(String::new()),
+            },
         };
         info.query_async::<String>(&mut conn).await
     };

@@ -138,6 +138,17 @@ impl Driver {
         self.inner.notify.received()
     }
 
+    /// Release-notification subscriptions confirmed since the start (one more each time
+    /// it follows a new primary).
+    pub fn subscriptions(&self) -> u64 {
+        self.inner.notify.subscriptions()
+    }
+
+    /// Changes of primary this backend followed (Sentinel; 0 otherwise).
+    pub fn primary_switches(&self) -> u64 {
+        self.inner.link.primary_switch_count()
+    }
+
     pub fn stats(&self) -> Stats {
         let inner = &self.inner;
         Stats {

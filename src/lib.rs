@@ -14,6 +14,7 @@ pub mod notify;
 pub mod options;
 pub mod replicas;
 pub mod scripts;
+pub mod sentinel;
 pub mod shutdown;
 pub mod stats;
 pub mod waiters;

@@ -121,11 +121,26 @@ impl Notifier {
         // A release before the subscription sent nothing we could hear: every line's
         // first waiter checks once more.
         lines.wake_all();
+        let mut switches = link.primary_switches();
 
         loop {
             let idle_until = lines.idle_since().map(|since| since + IDLE_UNSUBSCRIBE);
             tokio::select! {
                 _ = stopping.cancelled() => break,
+                // Sentinel moved the primary: releases are published there now.
+                _ = primary_switched(&mut switches) => {
+                    let subscribed = tokio::select! {
+                        _ = stopping.cancelled() => break,
+                        subscribed = link.subscribe(&self.channel) => subscribed,
+                    };
+                    messages = match subscribed {
+                        Ok(messages) => messages,
+                        Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
+                        Err(SubscribeFailure::Failed(failure)) => return self.failed(failure, &link, &lines),
+                    };
+                    self.subscriptions.fetch_add(1, Ordering::Relaxed);
+                    lines.wake_all();
+                }
                 message = messages.next() => match message {
                     Some(message) => {
                         self.received.fetch_add(1, Ordering::Relaxed);
@@ -182,6 +197,17 @@ impl Notifier {
         events::notify_failed(self.driver_id, &failure);
         *state = SubscriptionState::Failed(Instant::now());
     }
+}
+
+/// Resolves at the next change of primary; never without Sentinel.
+async fn primary_switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(switches) = switches {
+        if switches.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -5,6 +5,7 @@
 //! the field and the rule, never the value: a URL holds a password.
 
 use crate::error::{LockError, LockErrorCode};
+use crate::sentinel::{is_sentinel_url, SentinelUrl};
 
 /// A JS value as the binding hands it over.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,6 +193,11 @@ pub struct ConnectionOptions {
     pub tls: Option<TlsOptions>,
     /// `url` names one node of a Redis Cluster.
     pub cluster: bool,
+    /// `url` is a `redis-sentinel://` or `rediss-sentinel://` URL (parsed).
+    pub sentinel: Option<SentinelUrl>,
+    /// Credentials for the Sentinels themselves; the password is never printed.
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
 }
 
 /// PEM strings. The key is secret: never printed.
@@ -211,6 +217,9 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
             .field("cluster", &self.cluster)
+            .field("sentinel", &self.sentinel)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -220,18 +229,25 @@ impl std::fmt::Debug for ConnectionOptions {
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
 pub const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
 
-const SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
+const SCHEMES: [&str; 6] = ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
 
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
+    let (mut sentinel_username, mut sentinel_password) = (None, None);
     let (url, name, connect_timeout_ms, command_timeout_ms, tls, cluster) = match raw {
         Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None, false),
         Raw::Object(_) => {
             let fields = fields(
                 "connection",
                 raw,
-                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls"],
+                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls", "sentinelUsername", "sentinelPassword"],
             )?;
+            for (field, slot) in [("sentinelUsername", &mut sentinel_username), ("sentinelPassword", &mut sentinel_password)] {
+                *slot = match get(fields, field) {
+                    None => None,
+                    Some(v) => Some(required_string(&format!("connection.{field}"), Some(v))?.to_owned()),
+                };
+            }
             let cluster = match get(fields, "cluster") {
                 None => false,
                 Some(Raw::Bool(b)) => *b,
@@ -258,19 +274,44 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     }
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
-        Some(s) if s != "rediss" && tls.is_some() => {
-            return Err(invalid("connection.tls needs a rediss:// url".to_owned()));
+        Some(s) if s != "rediss" && s != "rediss-sentinel" && tls.is_some() => {
+            return Err(invalid("connection.tls needs a rediss:// or rediss-sentinel:// url".to_owned()));
         }
         Some(s) if SCHEMES.contains(&s) => {}
-        _ => return Err(invalid("connection.url must start with redis://, rediss://, redis+unix:// or unix://".to_owned())),
+        _ => {
+            return Err(invalid(
+                "connection.url must start with redis://, rediss://, redis+unix://, unix://, redis-sentinel:// or rediss-sentinel://".to_owned(),
+            ))
+        }
     }
-    if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
-        return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
-    }
+    let sentinel = if is_sentinel_url(url) {
+        if cluster {
+            return Err(invalid("connection.cluster cannot be used with a Sentinel url".to_owned()));
+        }
+        Some(SentinelUrl::parse(url).map_err(|rule| invalid(rule.to_owned()))?)
+    } else {
+        if sentinel_username.is_some() || sentinel_password.is_some() {
+            return Err(invalid("connection.sentinelUsername and connection.sentinelPassword need a redis-sentinel:// or rediss-sentinel:// url".to_owned()));
+        }
+        if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+            return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
+        }
+        None
+    };
     if cluster && scheme.as_deref().is_some_and(|s| s.ends_with("unix")) {
         return Err(invalid("connection.cluster needs a redis:// or rediss:// url".to_owned()));
     }
-    Ok(ConnectionOptions { url: url.to_owned(), name, connect_timeout_ms, command_timeout_ms, tls, cluster })
+    Ok(ConnectionOptions {
+        url: url.to_owned(),
+        name,
+        connect_timeout_ms,
+        command_timeout_ms,
+        tls,
+        cluster,
+        sentinel,
+        sentinel_username,
+        sentinel_password,
+    })
 }
 
 /// `{ ca?, cert?, key? }`, PEM strings; a client certificate needs its key.
@@ -422,5 +463,56 @@ mod tests {
         }
         let e = parse_connection(&obj(&[("url", s("redis://h")), ("port", Raw::Number(1.0))])).unwrap_err();
         assert!(e.message.contains("'port'"));
+    }
+
+    #[test]
+    fn sentinel_urls_list_their_sentinels_and_never_show_a_secret() {
+        let c = parse_connection(&s("redis-sentinel://:hunter2@s1,s2:26380/2#mymaster")).unwrap();
+        let sentinel = c.sentinel.as_ref().unwrap();
+        assert_eq!(sentinel.sentinels, ["s1:26379", "s2:26380"]);
+        assert_eq!((sentinel.master_name.as_str(), sentinel.tls), ("mymaster", false));
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        let with_auth = obj(&[
+            ("url", s("rediss-sentinel://user:hunter2@s1#m")),
+            ("sentinelUsername", s("watcher")),
+            ("sentinelPassword", s("s3ntinel-pw")),
+            ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))])),
+        ]);
+        let c = parse_connection(&with_auth).unwrap();
+        assert!(c.sentinel.as_ref().unwrap().tls);
+        assert_eq!((c.sentinel_username.as_deref(), c.sentinel_password.as_deref()), (Some("watcher"), Some("s3ntinel-pw")));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3ntinel-pw") && !shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn a_bad_sentinel_connection_names_the_rule_and_never_the_value() {
+        let cases = [
+            ("redis-sentinel://:hunter2@secret-host,secret-host:26380", "#masterName"),
+            ("redis-sentinel://:hunter2@secret-host#", "#masterName"),
+            ("redis-sentinel://:hunter2@secret-host,#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host:99999#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host:x#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@[::1#m", "host[:port]"),
+            ("redis-sentinel://:hunter2@secret-host/db#m", "database"),
+            ("redis-sentinel://:hunter2@secret-host?x=1#m", "query"),
+            ("redis-sentinel://:hunter2@secret-host#m s", "masterName"),
+        ];
+        for (url, rule) in cases {
+            let e = parse_connection(&s(url)).unwrap_err();
+            assert_eq!(e.code, LockErrorCode::InvalidOptions, "{url}");
+            assert!(e.message.contains(rule), "{url}: {}", e.message);
+            assert!(!e.message.contains("hunter2") && !e.message.contains("secret-host"), "{}", e.message);
+            assert!(!format!("{e:?}").contains("hunter2"));
+        }
+        let cluster = obj(&[("url", s("redis-sentinel://:hunter2@secret-host#m")), ("cluster", Raw::Bool(true))]);
+        assert!(parse_connection(&cluster).unwrap_err().message.contains("cluster cannot be used with a Sentinel url"));
+        let plain_with_auth = obj(&[("url", s("redis://secret-host")), ("sentinelPassword", s("s3ntinel-pw"))]);
+        let e = parse_connection(&plain_with_auth).unwrap_err();
+        assert!(e.message.contains("sentinelPassword") && !e.message.contains("s3ntinel-pw"), "{}", e.message);
+        let tls_without_tls = obj(&[("url", s("redis-sentinel://secret-host#m")), ("tls", obj(&[]))]);
+        assert!(parse_connection(&tls_without_tls).unwrap_err().message.contains("rediss-sentinel://"));
+        let empty_password = obj(&[("url", s("redis-sentinel://secret-host#m")), ("sentinelPassword", s(""))]);
+        assert!(parse_connection(&empty_password).unwrap_err().message.contains("connection.sentinelPassword must not be empty"));
     }
 }

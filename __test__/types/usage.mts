@@ -64,6 +64,12 @@ const tlsCluster: RedisConnectionLike = {
   cluster: true,
   tls: { ca: '-----BEGIN CERTIFICATE-----…', cert: '…', key: '…' },
 }
+const throughSentinel: RedisConnectionLike = {
+  url: 'rediss-sentinel://locker:pw@sentinel-1,sentinel-2:26380/0#locks',
+  sentinelUsername: 'watcher',
+  sentinelPassword: 'pw',
+  tls: { ca: '-----BEGIN CERTIFICATE-----…' },
+}
 
 // Loggers: real pino, a partial object, none.
 const logger: LockLogger = pino({ level: 'debug' })
@@ -74,6 +80,7 @@ createRedisLockDriver(byUrl, fromYaml, partial)
 createRedisLockDriver(byUrl, minimal, pino())
 const kind: 'redis' = driver.driver
 createRedisLockDriver(tlsCluster, minimal)
+createRedisLockDriver(throughSentinel, minimal)
 
 // Metrics: cheap to poll.
 function metrics(d: LockDriver): Record<string, number> {

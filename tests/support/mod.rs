@@ -46,6 +46,8 @@ struct Local {
     child: Option<Child>,
     dir: PathBuf,
     args: Vec<String>,
+    /// A config file given before the arguments (a Sentinel's: it rewrites it).
+    conf: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -61,21 +63,40 @@ impl RedisServer {
             assert!(args.is_empty(), "start_with_args needs a throwaway server, but REDIS_URL is set");
             return Self::for_url(url);
         }
+        Self::launch_fresh(args, |_| None)
+    }
+
+    /// A throwaway replica of `primary`. Every node of an HA test syncs at once
+    /// (`repl-diskless-sync-delay 0`), or a replica's first sync waits 5 s.
+    pub fn start_replica_of(primary: &RedisServer) -> Self {
+        let port = primary.port.to_string();
+        Self::launch_fresh(&["--replicaof", HOST, &port, "--repl-diskless-sync-delay", "0"], |_| None)
+    }
+
+    /// A throwaway primary for replicas and Sentinels to follow.
+    pub fn start_primary() -> Self {
+        Self::launch_fresh(&["--repl-diskless-sync-delay", "0"], |_| None)
+    }
+
+    /// `conf` writes a config file into the server's dir before it starts.
+    fn launch_fresh(args: &[&str], conf: impl Fn(&Path) -> Option<PathBuf>) -> Self {
+        assert!(!external(), "HA tests need throwaway servers, but REDIS_URL is set");
         let dir = fresh_dir();
+        let conf = conf(&dir);
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let mut attempt = 1;
         loop {
             // Another process may take the port between our probe and redis'
             // bind; then we simply pick another.
             let port = free_port();
-            match launch(port, &dir, &args) {
+            match launch(port, &dir, conf.as_deref(), &args) {
                 Ok(child) => {
                     return RedisServer {
                         port,
                         url: format!("redis://{HOST}:{port}"),
                         host: HOST.to_string(),
                         prelude: Vec::new(),
-                        local: Some(Local { child: Some(child), dir, args }),
+                        local: Some(Local { child: Some(child), dir, args, conf }),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < PORT_ATTEMPTS => attempt += 1,
@@ -137,7 +158,7 @@ impl RedisServer {
         // The port is ours to wait for, not to swap.
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            match launch(port, &local.dir, &local.args) {
+            match launch(port, &local.dir, local.conf.as_deref(), &local.args) {
                 Ok(child) => {
                     local.child = Some(child);
                     return;
@@ -275,7 +296,7 @@ fn sweep_stale_dirs() {
 
 /// Spawns redis-server and waits until it answers PING. `AddrInUse` means the
 /// port was taken; other errors are final.
-fn launch(port: u16, dir: &Path, extra: &[String]) -> io::Result<Child> {
+fn launch(port: u16, dir: &Path, conf: Option<&Path>, extra: &[String]) -> io::Result<Child> {
     let log = dir.join("redis.log");
     let mut cmd = if Path::new("/usr/bin/setpriv").exists() {
         // The kernel SIGKILLs redis when its parent dies, even when the test
@@ -286,6 +307,8 @@ fn launch(port: u16, dir: &Path, extra: &[String]) -> io::Result<Child> {
     } else {
         Command::new("redis-server")
     };
+    // A config file must come first.
+    cmd.args(conf);
     cmd.args(["--port", &port.to_string(), "--bind", HOST, "--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
@@ -455,5 +478,90 @@ fn read_reply(reader: &mut impl BufRead, raw: &mut Vec<u8>) -> io::Result<()> {
             Ok(())
         }
         _ => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected RESP line {line:?}"))),
+    }
+}
+
+/// A throwaway Sentinel (`redis-server <conf> --sentinel`) monitoring one primary under
+/// `name` with quorum 1, quick to notice a dead primary (`down-after-milliseconds 500`).
+pub struct Sentinel {
+    pub server: RedisServer,
+    pub name: String,
+}
+
+impl Sentinel {
+    /// `extra_conf`: more sentinel.conf lines, e.g. an ACL `user` line.
+    pub fn start(name: &str, primary: &RedisServer, extra_conf: &[&str]) -> Self {
+        Self::start_for_port(name, primary.port, extra_conf)
+    }
+
+    /// Monitors the primary at `port` (e.g. its TLS port, with `tls-replication yes`).
+    pub fn start_for_port(name: &str, port: u16, extra_conf: &[&str]) -> Self {
+        let mut lines = vec![
+            format!("sentinel monitor {name} {HOST} {port} 1"),
+            format!("sentinel down-after-milliseconds {name} 500"),
+            format!("sentinel failover-timeout {name} 3000"),
+        ];
+        lines.extend(extra_conf.iter().map(|l| l.to_string()));
+        let server = RedisServer::launch_fresh(&["--sentinel"], |dir| {
+            let conf = dir.join("sentinel.conf");
+            fs::write(&conf, lines.join("\n") + "\n").expect("write sentinel.conf");
+            Some(conf)
+        });
+        Sentinel { server, name: name.to_owned() }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.server.port
+    }
+
+    pub fn command(&self, args: &[&str]) -> String {
+        self.server.command(args)
+    }
+
+    /// The port of the primary this Sentinel names now.
+    pub fn primary_port(&self) -> Option<u16> {
+        let reply = self.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
+        reply.split("\r\n").filter(|l| !l.starts_with(['*', '$'])).nth(1).and_then(|p| p.parse().ok())
+    }
+
+    /// How many replicas of the primary this Sentinel knows and sees up.
+    pub fn replicas_up(&self) -> usize {
+        let reply = self.command(&["SENTINEL", "REPLICAS", &self.name]);
+        let fields: Vec<&str> = reply.split("\r\n").filter(|l| !l.starts_with(['*', '$']) && !l.is_empty()).collect();
+        fields.windows(2).filter(|w| w[0] == "flags" && w[1] == "slave").count()
+    }
+
+    /// `SENTINEL FAILOVER`, asked again while Sentinel has no replica it deems ready
+    /// (it learns of replicas and their state on its INFO rounds).
+    pub fn failover(&self, within: Duration) {
+        let end = Instant::now() + within;
+        loop {
+            let reply = self.command(&["SENTINEL", "FAILOVER", &self.name]);
+            if reply == "+OK\r\n" {
+                return;
+            }
+            assert!(Instant::now() < end, "SENTINEL FAILOVER kept answering {reply:?}");
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The role a server reports: "master", "slave", "sentinel".
+pub fn role(server: &RedisServer) -> String {
+    let reply = server.command(&["ROLE"]);
+    reply.split("\r\n").find(|l| !l.starts_with(['*', '$'])).unwrap_or_default().to_owned()
+}
+
+/// Blocks until `primary` has `replicas` replicas online (their first sync done).
+pub fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duration) {
+    let end = Instant::now() + within;
+    loop {
+        let info = primary.command(&["INFO", "replication"]);
+        let online = info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+        if online >= replicas {
+            return;
+        }
+        assert!(Instant::now() < end, "{replicas} replica(s) not online within {within:?}:\n{info}");
+        thread::sleep(Duration::from_millis(20));
     }
 }

@@ -1,0 +1,250 @@
+//! Redis Sentinel: which node is the primary, and when that changes (decision 0020).
+//!
+//! The primary is asked of the Sentinels in the listed order and confirmed with `ROLE` by
+//! the connection that then carries the commands (`connection.rs`). Every change of primary
+//! (a `+switch-master` heard by the watcher, or a new address found when reconnecting)
+//! bumps an epoch: a command connection of an older epoch is not used for another command,
+//! and the release-notification subscription moves to the new primary.
+
+mod url;
+mod watcher;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use url::{is_sentinel_url, SentinelUrl, SENTINEL_PORT};
+
+use crate::error::{Outcome, RedisErrorCode, RedisFailure};
+
+pub struct Sentinel {
+    url: SentinelUrl,
+    /// One client per Sentinel, in the listed order, with the Sentinel credentials.
+    sentinels: Vec<Client>,
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    /// The address last confirmed as the primary (`host:port`); guards epoch changes.
+    confirmed: Mutex<Option<String>>,
+    epoch: AtomicU64,
+    switched: watch::Sender<u64>,
+    /// A connection to the Sentinel that answered last, kept for the next question.
+    asked: tokio::sync::Mutex<Option<(usize, MultiplexedConnection)>>,
+    watching: AtomicBool,
+    /// Cancelled when the link closes: ends the watcher.
+    stop: CancellationToken,
+}
+
+/// Credentials for the Sentinels themselves (`sentinelUsername` / `sentinelPassword`).
+pub struct SentinelAuth<'a> {
+    pub username: Option<&'a str>,
+    pub password: Option<&'a str>,
+}
+
+impl Sentinel {
+    pub fn new(
+        url: SentinelUrl,
+        auth: SentinelAuth<'_>,
+        open: impl Fn(ConnectionInfo) -> redis::RedisResult<Client>,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let sentinels = url
+            .sentinels
+            .iter()
+            .map(|address| {
+                let info = url.sentinel_url(address).as_str().into_connection_info()?;
+                let mut settings = info.redis_settings().clone();
+                if let Some(username) = auth.username {
+                    settings = settings.set_username(username);
+                }
+                if let Some(password) = auth.password {
+                    settings = settings.set_password(password);
+                }
+                open(info.set_redis_settings(settings))
+            })
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
+        Ok(Self {
+            url,
+            sentinels,
+            config,
+            connect_timeout,
+            command_timeout,
+            confirmed: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            switched: watch::Sender::new(0),
+            asked: tokio::sync::Mutex::new(None),
+            watching: AtomicBool::new(false),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// Changes each time the primary changes.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Fires on each change of primary (the subscription follows it).
+    pub fn switches(&self) -> watch::Receiver<u64> {
+        self.switched.subscribe()
+    }
+
+    /// The connection settings of the data node at `address`: the URL's credentials,
+    /// database and TLS.
+    pub fn node_info(&self, address: &str) -> redis::RedisResult<ConnectionInfo> {
+        self.url.node_url(address).as_str().into_connection_info()
+    }
+
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The primary's address by `SENTINEL GET-MASTER-ADDR-BY-NAME`, from the first Sentinel
+    /// in the listed order that answers. One Sentinel that does not answer gets a share of
+    /// connectTimeoutMs, so a stalled first one leaves time to ask the next and to connect.
+    pub async fn primary_address(&self) -> Result<String, RedisFailure> {
+        let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
+        let mut asked = self.asked.lock().await;
+        let mut refusal = None;
+        let mut unknown_name = false;
+        for index in 0..self.sentinels.len() {
+            let kept = match asked.take() {
+                Some((i, conn)) if i == index => Some(conn),
+                _ => None,
+            };
+            let reused = kept.is_some();
+            let mut outcome = tokio::time::timeout(share.max(Duration::from_millis(1)), self.ask(index, kept)).await;
+            if reused && !matches!(outcome, Ok(Ok(_))) {
+                // The kept connection may have died quietly: one fresh try.
+                outcome = tokio::time::timeout(share.max(Duration::from_millis(1)), self.ask(index, None)).await;
+            }
+            match outcome {
+                Ok(Ok((conn, Some((host, port))))) => {
+                    *asked = Some((index, conn));
+                    return Ok(address(&host, &port));
+                }
+                // This Sentinel does not know the name (yet): another one may.
+                Ok(Ok((conn, None))) => {
+                    *asked = Some((index, conn));
+                    unknown_name = true;
+                }
+                Ok(Err(err)) => {
+                    let failure = RedisFailure::connect(&err);
+                    if failure.server_code.is_some() && refusal.is_none() {
+                        refusal = Some(failure);
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        Err(refusal.unwrap_or_else(|| {
+            let message = if unknown_name {
+                "no Sentinel knows the primary's name"
+            } else {
+                "no Sentinel answered for the primary"
+            };
+            RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message)
+        }))
+    }
+
+    async fn ask(
+        &self,
+        index: usize,
+        kept: Option<MultiplexedConnection>,
+    ) -> redis::RedisResult<(MultiplexedConnection, Option<(String, String)>)> {
+        let mut conn = match kept {
+            Some(conn) => conn,
+            None => self.sentinels[index].get_multiplexed_async_connection_with_config(&self.config).await?,
+        };
+        let reply = redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&self.url.master_name).query_async(&mut conn).await?;
+        Ok((conn, reply))
+    }
+
+    /// Records `address` as the confirmed primary of a resolution that began at `began`.
+    /// Returns the epoch the connection belongs to, or `None` when the primary changed
+    /// meanwhile (ask again). A new address is a change of primary too.
+    pub fn confirm(&self, began: u64, address: &str) -> Option<u64> {
+        let mut confirmed = self.confirmed();
+        if self.epoch() != began {
+            return None;
+        }
+        let moved = confirmed.as_deref().is_some_and(|known| known != address);
+        *confirmed = Some(address.to_owned());
+        Some(if moved { self.bump() } else { began })
+    }
+
+    /// Sentinel says the primary is at `now_at`: unless that is the one confirmed, every
+    /// connection is to be made anew. Called by the watcher.
+    fn switched_to(&self, now_at: &str) {
+        let confirmed = self.confirmed();
+        if confirmed.as_deref() != Some(now_at) {
+            self.bump();
+        }
+    }
+
+    fn bump(&self) -> u64 {
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        self.switched.send_replace(epoch);
+        epoch
+    }
+
+    /// Starts the watcher once (it runs until [`stop`](Self::stop)).
+    pub fn watch(self: &std::sync::Arc<Self>) {
+        if !self.watching.swap(true, Ordering::AcqRel) && !self.stop.is_cancelled() {
+            tokio::spawn(watcher::run(self.clone()));
+        }
+    }
+
+    /// Ends the watcher and drops the kept Sentinel connection. A resolution still in
+    /// progress (a late cleanup after shutdown) keeps its connection until it ends.
+    pub fn stop(&self) {
+        self.stop.cancel();
+        if let Ok(mut asked) = self.asked.try_lock() {
+            *asked = None;
+        }
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 host.
+fn address(host: &str, port: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `ROLE` on the connection that is to carry the commands: only a master is used. A node
+/// Sentinel still names after it was demoted (or not yet promoted) fails like no
+/// connection at all: nothing was sent, and a waiting acquire rides it out.
+pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), RedisFailure> {
+    let role: Value = redis::cmd("ROLE").query_async(conn).await.map_err(|e| RedisFailure::connect(&e))?;
+    let first = match &role {
+        Value::Array(items) => items.first(),
+        _ => None,
+    };
+    let is_master = match first {
+        Some(Value::BulkString(bytes)) => bytes == b"master",
+        Some(Value::SimpleString(s)) => s == "master",
+        _ => false,
+    };
+    if is_master {
+        Ok(())
+    } else {
+        Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the node Sentinel named is not a primary (yet)"))
+    }
+}
+
+/// Sleeps `delay` unless `stop` fires first; false when stopped.
+async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep_until((Instant::now() + delay).into()) => true,
+    }
+}

@@ -1,0 +1,489 @@
+//! Redis HA: the driver finds the primary through Sentinel and follows it through real
+//! failovers (SENTINEL FAILOVER, SIGKILL), with processes started on free ports.
+//!
+//! Fences: with asynchronous replication a counter bump the replica has not received is
+//! lost with the old primary. These tests state the condition they rely on (`WAIT` from a
+//! raw client before the failover); `minReplicas` makes the driver do that itself.
+
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::{driver, eventually, hash, value};
+use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::{Driver, LockErrorCode, Outcome, RedisErrorCode};
+use support::{role, wait_for_replicas, RedisServer, Sentinel};
+use tokio_util::sync::CancellationToken;
+
+const MASTER: &str = "locks";
+
+fn sentinel_url(sentinels: &[&Sentinel]) -> String {
+    let hosts: Vec<String> = sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port())).collect();
+    format!("redis-sentinel://{}#{MASTER}", hosts.join(","))
+}
+
+fn ha_driver(sentinel: &Sentinel, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    driver(common::url(&sentinel_url(&[sentinel])), namespace, extra)
+}
+
+fn lock_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:lock:{{{}}}", hash(key))
+}
+
+fn holds(server: &RedisServer, namespace: &str, key: &str) -> bool {
+    value(&server.command(&["EXISTS", &lock_key(namespace, key)])) == "1"
+}
+
+fn fence(lease: &dokebi_lock_redis::Lease) -> u128 {
+    lease.fence.parse().expect("a decimal fence")
+}
+
+/// Everything written on `primary` so far reached `replica`: a failover keeps it.
+/// (A `WAIT` from a fresh raw client would not do: it waits for that client's own writes.)
+fn replicated(primary: &RedisServer, replica: &RedisServer) {
+    let offset = |server: &RedisServer, field: &str| -> u64 {
+        let info = server.command(&["INFO", "replication"]);
+        info.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let written = offset(primary, "master_repl_offset:");
+    let end = Instant::now() + Duration::from_secs(5);
+    while offset(replica, "slave_repl_offset:") < written {
+        assert!(Instant::now() < end, "the replica did not catch up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A primary, one replica in sync, a Sentinel that knows both.
+fn cluster(extra_conf: &[&str]) -> (RedisServer, RedisServer, Sentinel) {
+    let (primary, mut replicas, sentinel) = cluster_of(1, extra_conf);
+    (primary, replicas.remove(0), sentinel)
+}
+
+/// A primary, `count` replicas in sync, a Sentinel that knows them all (it learns of
+/// replicas from the primary's INFO, every 10 s: they start first).
+fn cluster_of(count: usize, extra_conf: &[&str]) -> (RedisServer, Vec<RedisServer>, Sentinel) {
+    let primary = RedisServer::start_primary();
+    let replicas: Vec<_> = (0..count).map(|_| RedisServer::start_replica_of(&primary)).collect();
+    wait_for_replicas(&primary, count, Duration::from_secs(10));
+    let sentinel = Sentinel::start(MASTER, &primary, extra_conf);
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.replicas_up() < count {
+        assert!(Instant::now() < end, "Sentinel did not find the replicas");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (primary, replicas, sentinel)
+}
+
+async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError> {
+    d.acquire(key, Some(wait_ms), CancellationToken::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_it_still_accepts_writes() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[]);
+    let d = ha_driver(&sentinel, "graceful", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "graceful", "k"), "the first lock is on the primary Sentinel names");
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    // The condition: the driver heard Sentinel's +switch-master.
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master", "the old primary is not converted yet: a lock taken there would be lost");
+    assert_eq!(old.command(&["SET", "probe", "1"]), "+OK\r\n", "and it accepts writes");
+
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "graceful", "k"), "the lock after the switch is on the new primary");
+    assert!(!holds(&old, "graceful", "k"), "and not on the old one");
+    assert_eq!(role(&old), "master", "the old primary still took writes while this lock was taken");
+    assert!(fence(&after) > fence(&before), "fences rise across the failover");
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+    // Shutdown ends the watcher: no connection of the driver stays open on the Sentinel
+    // (the only client left is the one asking).
+    eventually("the driver's Sentinel connections to close", Duration::from_secs(5), || {
+        sentinel.command(&["CLIENT", "LIST"]).lines().filter(|l| l.starts_with("id=")).count() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_new_one() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (mut old, new, sentinel) = cluster(&[]);
+    let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 2_000.0)]);
+    let waiter = ha_driver(&sentinel, "killed", &[]);
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    replicated(&old, &new);
+
+    let started = Instant::now();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 20_000).await })
+    };
+    eventually("the acquire to wait on the old primary", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    old.kill();
+    let lease = wait.await.unwrap().expect("the waiting acquire rode the failover out");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(holds(&new, "killed", "k"), "the lock is on the promoted replica");
+    assert!(fence(&lease) > fence(&held), "fences rise across the failover");
+    assert!(waiter.primary_switches() >= 1);
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    // The holder's lease expired meanwhile; its release finds the key gone.
+    assert!(!holder.release(&held).await.unwrap());
+    holder.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[]);
+    // Safety polls so slow that only a notification explains a quick wake-up.
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let holder = ha_driver(&sentinel, "wake", &[("leaseMs", 60_000.0)]);
+    let waiter = ha_driver(&sentinel, "wake", &slow);
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
+    };
+    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    // The condition: both drivers heard Sentinel's +switch-master. Whether the waiter's
+    // subscription has moved yet or not, only a subscription that follows the primary
+    // explains a quick wake (a late one wakes its waiters when it is confirmed).
+    eventually("both drivers to hear the switch", Duration::from_secs(10), || waiter.primary_switches() >= 1 && holder.primary_switches() >= 1).await;
+
+    let released_at = Instant::now();
+    assert!(holder.release(&held).await.unwrap());
+    assert!(holds(&old, "wake", "k"), "the release ran on the new primary, not the old one");
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    assert!(holds(&new, "wake", "k"));
+    assert!(fence(&lease) > fence(&held));
+    assert!(waiter.subscriptions() >= 2, "the subscription moved to the new primary");
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
+/// `+switch-master` and stays on the old primary until that refuses its writes.
+const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_again() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[NO_SUBSCRIBE]);
+    let connection = common::connection(
+        &sentinel_url(&[&sentinel]),
+        &[("sentinelUsername", Raw::String("asker".into())), ("sentinelPassword", Raw::String("asker-pw".into()))],
+    );
+    let d = driver(connection, "demoted", &[]);
+    let first = acquire(&d, "a", 0).await.unwrap();
+    assert!(holds(&old, "demoted", "a"));
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.primary_port() != Some(new.port) {
+        assert!(Instant::now() < end, "Sentinel did not switch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What Sentinel does to the old primary on a later INFO round, seconds from now.
+    let new_port = new.port.to_string();
+    assert_eq!(old.command(&["REPLICAOF", "127.0.0.1", &new_port]), "+OK\r\n");
+    assert_eq!(role(&old), "slave");
+    assert_eq!(d.primary_switches(), 0, "this driver cannot hear the switch");
+
+    let refused = acquire(&d, "b", 0).await.unwrap_err();
+    assert_eq!(refused.code, LockErrorCode::ProviderFailed);
+    let cause = refused.cause.as_ref().unwrap();
+    assert_eq!((cause.server_code.as_deref(), cause.retryable()), (Some("READONLY"), true));
+
+    let lease = acquire(&d, "b", 0).await.expect("the next acquire goes to the primary Sentinel names now");
+    assert!(holds(&new, "demoted", "b"));
+    assert!(fence(&lease) > 0 && fence(&first) > 0);
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_sentinel_names_that_reports_itself_a_replica_takes_no_lock() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (named, other, sentinel) = cluster(&[]);
+    // The node Sentinel names becomes a writable replica behind Sentinel's back: without
+    // the ROLE check a lock would be written on a replica, and lost at its next sync.
+    other.command(&["REPLICAOF", "NO", "ONE"]);
+    named.command(&["CONFIG", "SET", "replica-read-only", "no"]);
+    named.command(&["REPLICAOF", "127.0.0.1", &other.port.to_string()]);
+    assert_eq!(role(&named), "slave");
+    assert_eq!(sentinel.primary_port(), Some(named.port));
+
+    let d = ha_driver(&sentinel, "role", &[("pollIntervalMs", 50.0)]);
+    let err = acquire(&d, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    let cause = err.cause.as_ref().unwrap();
+    assert_eq!((cause.code, cause.outcome, cause.retryable()), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, true));
+    // A waiting acquire rides it out until its wait ends, then reports it.
+    let started = Instant::now();
+    let err = acquire(&d, "k", 300).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(!holds(&named, "role", "k") && !holds(&other, "role", "k"));
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_address() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (primary, _replica, sentinel) = cluster(&[]);
+    // A listed Sentinel that is down is skipped: the next one answers.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis-sentinel://127.0.0.1:{gone},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "order", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&primary, "order", "k"));
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    // A master name no Sentinel knows: PROVIDER_FAILED, nothing sent, no address or secret told.
+    let unknown = format!("redis-sentinel://:data-secret@127.0.0.1:{gone},127.0.0.1:{}#nobody", sentinel.port());
+    let d = driver(common::url(&unknown), "order", &[]);
+    let err = acquire(&d, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    let text = format!("{err:?}");
+    assert!(!text.contains("127.0.0.1") && !text.contains(&gone.to_string()) && !text.contains("data-secret"), "{text}");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    // Replicas are in sync before each failover (`replicated`): the condition under which
+    // asynchronous replication keeps the counter. With `minReplicas: 1` the driver itself
+    // would wait for that.
+    let (mut first, replicas, sentinel) = cluster_of(2, &[]);
+    let [second, third]: [RedisServer; 2] = replicas.try_into().ok().unwrap();
+    let d = ha_driver(&sentinel, "fences", &[]);
+    let mut fences = Vec::new();
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    fences.push(fence(&lease));
+    assert!(d.release(&lease).await.unwrap());
+    replicated(&first, &second);
+    replicated(&first, &third);
+
+    // Graceful: Sentinel promotes one replica and points the other at it.
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    let (promoted, other) = match sentinel.primary_port() {
+        Some(port) if port == second.port => (&second, &third),
+        Some(port) if port == third.port => (&third, &second),
+        other => panic!("Sentinel names {other:?}"),
+    };
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(promoted, "fences", "k"));
+    fences.push(fence(&lease));
+    assert!(d.release(&lease).await.unwrap());
+    // The old primary would be a candidate too once Sentinel converts it, without what
+    // was written since: it leaves, as a failed node would.
+    first.kill();
+    wait_for_replicas(promoted, 1, Duration::from_secs(15));
+
+    // Killed: the remaining replica takes over while an acquire waits for a short lease.
+    let holder = ha_driver(&sentinel, "fences", &[("leaseMs", 1_500.0)]);
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    assert!(holds(promoted, "fences", "k"));
+    fences.push(fence(&held));
+    replicated(promoted, other);
+    let wait = {
+        let d = d.clone();
+        tokio::spawn(async move { acquire(&d, "k", 20_000).await })
+    };
+    eventually("the acquire to wait", Duration::from_secs(5), || d.subscription_state() == SubscriptionState::Live).await;
+    let promoted_port = promoted.port;
+    let mut promoted = if promoted_port == second.port { second } else { third };
+    promoted.kill();
+    let lease = wait.await.unwrap().expect("the waiting acquire rode the second failover out");
+    fences.push(fence(&lease));
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences rise across every failover: {fences:?}");
+    assert!(d.primary_switches() >= 2);
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// README.md, "Least privilege" for the data nodes (namespace `locks`), plus `+role`.
+const DATA_RULE: &[&str] = &[
+    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
+    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping", "+role",
+];
+/// README.md, "Least privilege" for the Sentinels.
+const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[SENTINEL_RULE]);
+    for node in [&old, &new] {
+        let mut setuser = vec!["ACL", "SETUSER", "locker"];
+        setuser.extend_from_slice(DATA_RULE);
+        assert!(node.command(&setuser).starts_with("+OK"));
+    }
+    let url = format!("redis-sentinel://locker:s3cret@127.0.0.1:{}#{MASTER}", sentinel.port());
+    let connection =
+        common::connection(&url, &[("sentinelUsername", Raw::String("watcher".into())), ("sentinelPassword", Raw::String("w4tcher".into()))]);
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let d = driver(connection, "locks", &slow);
+
+    let held = acquire(&d, "k", 0).await.unwrap();
+    d.renew(&held).await.unwrap();
+    let waiter = {
+        let d = d.clone();
+        tokio::spawn(async move { acquire(&d, "k", 30_000).await })
+    };
+    eventually("the subscription", Duration::from_secs(5), || d.subscription_state() == SubscriptionState::Live).await;
+    replicated(&old, &new);
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the switch to be heard", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    d.renew(&held).await.unwrap();
+    assert!(d.release(&held).await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken by the notification").unwrap().unwrap();
+    assert!(holds(&new, "locks", "k"));
+    assert!(d.release(&next).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    for server in [&old.command(&["ACL", "LOG"]), &new.command(&["ACL", "LOG"]), &sentinel.command(&["ACL", "LOG"])] {
+        assert!(!server.contains("locker") && !server.contains("watcher"), "ACL LOG has denials: {server}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, mut first) = cluster(&[]);
+    let second = Sentinel::start(MASTER, &old, &[]);
+    while second.replicas_up() < 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let d = driver(common::url(&sentinel_url(&[&first, &second])), "watch", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    let subscribed = |sentinel: &Sentinel| sentinel.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "));
+    eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first)).await;
+
+    first.server.kill();
+    eventually("the watcher on the next Sentinel", Duration::from_secs(5), || subscribed(&second)).await;
+    replicated(&old, &new);
+    second.failover(Duration::from_secs(10));
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master", "the old primary still takes writes");
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "watch", "k") && !holds(&old, "watch", "k"));
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+/// A CA and a certificate for 127.0.0.1 (the openssl CLI), for every node and Sentinel.
+fn certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ha-test-ca"]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1"]);
+    std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&["x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.crt", "-days", "2", "-extfile", "ext"]);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_a_failover() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let dir = std::env::temp_dir().join(format!("dokebi-ha-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    certificates(&dir);
+    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let (cert, key, ca_file) = (path("node.crt"), path("node.key"), path("ca.crt"));
+    // Plain ports stay for the harness; replication and Sentinel go over TLS.
+    let tls_args = |port: &str| -> Vec<String> {
+        ["--tls-port", port, "--tls-cert-file", &cert, "--tls-key-file", &key, "--tls-ca-cert-file", &ca_file]
+            .iter()
+            .chain(["--tls-auth-clients", "no", "--tls-replication", "yes", "--repl-diskless-sync-delay", "0"].iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let (primary_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
+    let args = tls_args(&primary_tls.to_string());
+    let old = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut args = tls_args(&replica_tls.to_string());
+    args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_tls.to_string()]);
+    let new = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for_replicas(&old, 1, Duration::from_secs(10));
+    let conf = [
+        format!("tls-port {sentinel_tls}"),
+        format!("tls-cert-file {cert}"),
+        format!("tls-key-file {key}"),
+        format!("tls-ca-cert-file {ca_file}"),
+        "tls-auth-clients no".to_owned(),
+        "tls-replication yes".to_owned(),
+    ];
+    let sentinel = Sentinel::start_for_port(MASTER, primary_tls, &conf.iter().map(String::as_str).collect::<Vec<_>>());
+    let end = Instant::now() + Duration::from_secs(10);
+    while sentinel.replicas_up() < 1 {
+        assert!(Instant::now() < end, "Sentinel did not find the replica");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let ca = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
+    let url = format!("rediss-sentinel://127.0.0.1:{sentinel_tls}#{MASTER}");
+    let d = driver(common::connection(&url, &[("tls", Raw::Object(vec![("ca".to_owned(), Raw::String(ca))]))]), "tls", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "tls", "k"));
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+    sentinel.failover(Duration::from_secs(10));
+    eventually("the driver to hear the switch over TLS", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&new, "tls", "k") && !holds(&old, "tls", "k"));
+    assert!(fence(&after) > fence(&before));
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+
+    // Without the private CA no Sentinel is trusted: PROVIDER_FAILED, nothing sent.
+    let stranger = driver(common::url(&url), "tls", &[]);
+    let err = acquire(&stranger, "k", 0).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    stranger.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
