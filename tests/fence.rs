@@ -133,3 +133,31 @@ async fn a_fence_ttl_shorter_than_the_lease_keeps_later_fences_above_the_holders
     }
     d.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_seed_leaves_neither_the_lock_nor_a_counter_at_one_behind() {
+    if support::external() {
+        return; // creates an ACL user
+    }
+    let redis = RedisServer::start();
+    // Every command but SET on both keys, and SET (a selector) on the lock keys only: INCR
+    // creates the missing counter at 1, then the seed's SET is refused.
+    let setuser = [
+        "ACL", "SETUSER", "seedless", "on", ">s3cret", "resetkeys", "~seeds:*", "-@all", "+evalsha", "+eval", "+pttl", "+exists",
+        "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+info", "+ping", "(~seeds:lock:* +set)",
+    ];
+    assert!(redis.command(&setuser).starts_with("+OK"), "Redis 7 ACL selectors");
+    let user_url = redis.url().replace("redis://", "redis://seedless:s3cret@");
+    let d = driver(url(&user_url), "seeds", &[]);
+    let err = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ProviderFailed);
+    assert_eq!(value(&redis.command(&["EXISTS", &lock_key("seeds", "job")])), "0", "the lease was taken back");
+    // A counter left at 1 would make the next acquire (with the ACL fixed) draw 2, far
+    // below every fence handed out before the data loss.
+    assert_eq!(value(&redis.command(&["EXISTS", &fence_key("seeds", "job")])), "0", "no counter left at 1");
+    d.shutdown().await.unwrap();
+    let fixed = driver(url(redis.url()), "seeds", &[]);
+    let lease = fixed.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    assert!(lease.fence.parse::<u128>().unwrap() > 1_000_000_000_000_000, "seeded from TIME: {}", lease.fence);
+    fixed.shutdown().await.unwrap();
+}

@@ -46,6 +46,9 @@ if fence == 1 then
     seeded = redis.pcall('SET', KEYS[2], seed)
   end
   if type(seeded) == 'table' and seeded.err then
+    -- The counter INCR just created at 1 would make the next acquire draw 2: take it back
+    -- too, so the next one seeds again (where the same ACL allows DEL).
+    redis.pcall('DEL', KEYS[2])
     return undo(seeded)
   end
   return seed
