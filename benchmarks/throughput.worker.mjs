@@ -8,13 +8,15 @@
 //
 // Modes:
 //   pairs   `inflight` loops of acquire → release over distinct keys, for --seconds after a
-//           warm-up, with one client of `library` (dokebi | redlock | semaphore).
+//           warm-up, with one client of `library` (dokebi | redlock | semaphore |
+//           ioredis-scripts: this project's own Lua scripts from a plain-JS driver).
 //   evalsha `inflight` loops of raw EVALSHA of the driver's own acquire script from ioredis
 //           (auto-pipelining off or on): the ceiling for what a client on Node can do.
 //   memory  RSS and heap of an idle driver, then with `leases` tracked leases and `waiters`
 //           waiters blocked on held keys (needs --expose-gc).
 //   drift   `cycles` acquire/release cycles at `inflight`, RSS at checkpoints (needs --expose-gc).
 
+import { createHash, randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import v8 from 'node:v8';
@@ -109,7 +111,39 @@ async function makeAdapter(library, url) {
       close: () => client.disconnect(),
     };
   }
+  if (library === 'ioredis-scripts') return scriptsAdapter(client);
   throw new Error(`unknown library ${library}`);
+}
+
+/**
+ * "The same Redis work from JS" (issue 12): a plain-JS driver of this contract on one
+ * ioredis client, running this project's own scripts with the driver's key layout and
+ * arguments, so that what differs from the dokebi rows is the client side alone.
+ * Uncontended only: a busy key (PTTL reply) is an error here, as with redlock's retryCount 0.
+ */
+async function scriptsAdapter(client) {
+  const load = (name) => client.script('LOAD', readFileSync(path.join(root, 'src/scripts', name), 'utf8'));
+  // Loaded before the window, as the driver loads its scripts on connect.
+  const acquireSha = await load('acquire.lua');
+  const releaseSha = await load('release.lua');
+  const ns = 'tp';
+  const channel = `${ns}:lock-released`;
+  return {
+    acquire: async (key) => {
+      const hash = createHash('sha256').update(key).digest('hex');
+      const lock = `${ns}:lock:{${hash}}`;
+      const token = randomBytes(16).toString('hex');
+      const reply = await client.evalsha(acquireSha, 2, lock, `${ns}:lock-fence:{${hash}}`, token, LEASE_MS);
+      if (typeof reply !== 'string') throw Object.assign(new Error('lock is held'), { code: 'LOCK_BUSY' });
+      const fence = BigInt(reply); // what the contract hands out is a decimal string: check it is one
+      return { lock, hash, token, fence: fence >= 0n ? reply : null };
+    },
+    release: async (lease) => {
+      const r = await client.evalsha(releaseSha, 1, lease.lock, lease.token, channel, lease.hash);
+      if (r === 0) throw Object.assign(new Error('lease lost'), { code: 'LEASE_LOST' });
+    },
+    close: () => client.disconnect(),
+  };
 }
 
 // ------------------------------------------------------------- timed loops ----
