@@ -463,7 +463,7 @@ async function main() {
   const addonAtStart = addonInfo(acquireSource);
   const git = gitInfo();
   if (addonAtStart.build !== 'release') console.error(`WARNING: ${addonAtStart.file} is a ${addonAtStart.build ?? 'missing'} build; run npm run build (release) first`);
-  if (addonAtStart.embedsAcquireScript === false) console.error(`WARNING: ${addonAtStart.file} was not built from the current src/scripts/acquire.lua (the ceiling runs the file); run npm run build`);
+  if (addonAtStart.embedsAcquireScript === false) console.error(`WARNING: ${addonAtStart.file} was not built from the current src/scripts/acquire.lua (the ceiling and ioredis-scripts run the file, dokebi the copy built in); run npm run build`);
   if (packageDir !== root) console.error(`DOKEBI_BENCH_PACKAGE: the dokebi configurations load ${packageDir}`);
 
   const server = await startRedis();
