@@ -1,6 +1,8 @@
 /// <reference lib="esnext.disposable" />
 /**
  * @dokebi/lock-redis — the single-Redis lease driver of @dokebi/lock, as a Rust addon.
+ * Single-Redis: one primary holds each lock (standalone, through Sentinel, or a Cluster
+ * slot's owner), never a Redlock quorum.
  *
  * A lease is a lock with an expiry and a fencing token. Mutual exclusion holds only when
  * the store you write to checks the fence: see README.md, "Limits of fencing".
@@ -29,8 +31,9 @@ export declare const LockErrorCode: { readonly [K in LockErrorCode]: K }
 /**
  * The one error class of the driver. Classify by `code`. For PROVIDER_FAILED and
  * OUTCOME_UNKNOWN `cause` is a {@link RedisErrorLike}; for ABORTED it is `signal.reason`;
- * for CLEANUP_FAILED an `AggregateError` of the failed releases. Messages never hold a
- * key, a token, a password or an address.
+ * for CLEANUP_FAILED an `AggregateError` of the failed releases. An internal error of the
+ * driver (a bug) is OUTCOME_UNKNOWN (CLEANUP_FAILED from shutdown) without a cause. Messages
+ * never hold a key, a token, a password or an address.
  */
 export declare class LockError extends Error {
   constructor(code: LockErrorCode, message?: string, options?: ErrorOptions)
@@ -94,24 +97,25 @@ export interface RedisLockBackendInput {
   leaseMs?: number | undefined
   /** 0 .. 2^31-1, default 5000; 0 tries once. */
   waitTimeoutMs?: number | undefined
-  /** Safety interval without a live subscription, default 25. */
+  /** Safety interval without a live subscription, ≥ 1, default 25. */
   pollIntervalMs?: number | undefined
-  /** Safety interval with a live subscription, default 250. */
+  /** Safety interval with a live subscription, ≥ 1, default 250. */
   notifyPollIntervalMs?: number | undefined
   /** All acquires in progress on the backend, default 128. */
   maxWaiters?: number | undefined
   /** Default 10000. */
   maxTrackedLeases?: number | undefined
-  /** Default 5000. */
+  /** How long `shutdown()` waits for releases and acquires in progress (then CLEANUP_TIMEOUT), ≥ 0, default 5000. */
   shutdownTimeoutMs?: number | undefined
   /** UTF-8 bytes of a key, default 1024. */
   maxKeyBytes?: number | undefined
   /**
    * Extension: replicas that must acknowledge (WAIT) a winning acquire and a renew before it
    * counts; default 0 (no WAIT). Too few: PROVIDER_FAILED with a retryable NOREPLICAS cause.
+   * Not with `cluster: true` (INVALID_OPTIONS). README.md, "Redis HA".
    */
   minReplicas?: number | undefined
-  /** Extension: the WAIT timeout, ≥ 1, default 500. */
+  /** Extension: the WAIT timeout in ms, 1 .. 2^31-1, default 500. */
   replicaTimeoutMs?: number | undefined
   /**
    * Opt-in: a newly seeded fence counter expires after this many ms (1 .. 2^53-1) and is seeded
@@ -149,7 +153,7 @@ export interface Lease extends AsyncDisposable {
   readonly valid: boolean
   /** Read afresh; 0 once not valid. */
   readonly remainingMs: number
-  /** true: this call deleted our key; false: it was no longer ours. Call it in `finally`. */
+  /** true: this call deleted our key; false: it was no longer ours. Call it in `finally`, or use `await using`. */
   release(): Promise<boolean>
   /** Extends to leaseMs from the renew's submission. LEASE_EXPIRED / LEASE_LOST when it cannot. */
   renew(): Promise<void>
