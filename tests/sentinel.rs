@@ -182,6 +182,52 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
     holder.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_waiting_out_its_failure() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (mut old, new, sentinel) = cluster(&[]);
+    // Safety polls so slow that only a notification explains a quick wake-up. The holder's
+    // lease is on the replica before it is handed out, so it survives the kill.
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let holder = ha_driver(&sentinel, "killed-sub", &[("leaseMs", 60_000.0), ("minReplicas", 1.0)]);
+    let waiter = ha_driver(&sentinel, "killed-sub", &slow);
+    let held = acquire(&holder, "k", 5_000).await.unwrap();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
+    };
+    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+
+    old.kill();
+    eventually("the subscription to fail with its primary", Duration::from_secs(5), || {
+        matches!(waiter.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    eventually("the waiter to hear of the new primary", Duration::from_secs(15), || waiter.primary_switches() >= 1).await;
+    // The condition: a new primary is known. Waiting out the failure (5 s, then a waiter's
+    // next try, 20 s away here) would leave the waiter polling through the failover.
+    let switched_at = Instant::now();
+    eventually("the subscription to follow the new primary", Duration::from_secs(4), || {
+        waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
+    assert!(switched_at.elapsed() < Duration::from_secs(4));
+    assert!(waiter.subscriptions() >= 2, "subscribed again, on the new primary");
+
+    eventually("the holder to hear of the new primary", Duration::from_secs(10), || holder.primary_switches() >= 1).await;
+    let released_at = Instant::now();
+    assert!(holder.release(&held).await.unwrap(), "the replicated lease is released on the new primary");
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    assert!(holds(&new, "killed-sub", "k"));
+    assert!(fence(&lease) > fence(&held));
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
 /// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
 /// `+switch-master` and stays on the old primary until that refuses its writes.
 const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
