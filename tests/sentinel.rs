@@ -228,6 +228,76 @@ async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_wa
     holder.shutdown().await.unwrap();
 }
 
+/// A Sentinel that has not heard of a failover yet (Sentinels learn of one from each other
+/// within seconds): it names `primary_port` whatever happens, and refuses SUBSCRIBE, so the
+/// driver watches the next Sentinel in the list.
+async fn lagging_sentinel(primary_port: u16) -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                // Commands arrive as RESP arrays of bulk strings: `*n`, then `$len` + word pairs.
+                while let Ok(Some(header)) = lines.next_line().await {
+                    let Some(count) = header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else { continue };
+                    let mut words = Vec::new();
+                    for _ in 0..count {
+                        let _ = lines.next_line().await;
+                        words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
+                    }
+                    let reply = match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
+                        Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
+                        Some("PING") => "+PONG\r\n".to_owned(),
+                        Some("CLIENT") => "+OK\r\n".to_owned(),
+                        _ => "-ERR unknown command\r\n".to_owned(),
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn port_of(server: &RedisServer) -> u16 {
+    server.url().rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the URL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_back_to_the_old_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[]);
+    let lagging = lagging_sentinel(port_of(&old)).await;
+    // The lagging Sentinel is listed first: it is asked first, and answers.
+    let url = format!("redis-sentinel://127.0.0.1:{lagging},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "lagging", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "lagging", "k"));
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    // The condition: the driver heard `+switch-master` (from the second Sentinel), while the
+    // first still names the old primary, which still answers ROLE master and takes writes.
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master");
+
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(!holds(&old, "lagging", "k"), "no lock on the old primary after the switch was announced: it would be lost");
+    assert!(holds(&new, "lagging", "k"), "the lock is on the announced primary");
+    assert_eq!(role(&old), "master", "the old primary still took writes while this lock was taken");
+    assert!(fence(&after) > fence(&before));
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
 /// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
 /// `+switch-master` and stays on the old primary until that refuses its writes.
 const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
