@@ -136,8 +136,18 @@ impl Sentinel {
     /// is passed over for one naming the announced primary; it is believed only when none
     /// does (a later failover the watcher missed).
     pub async fn primary_address(&self) -> Result<String, RedisFailure> {
-        let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
         let mut asked = self.asked.lock().await;
+        let resolved = self.resolve(&mut asked).await;
+        // A resolution still running when the link closed (shutdown) keeps no connection:
+        // `stop()` could not drop it then, and nothing would later.
+        if self.stop.is_cancelled() {
+            *asked = None;
+        }
+        resolved
+    }
+
+    async fn resolve(&self, asked: &mut Option<(usize, MultiplexedConnection)>) -> Result<String, RedisFailure> {
+        let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
         let announced = self.confirmed().announced_now(self.epoch());
         let mut other = None;
         let mut refusal = None;
@@ -245,7 +255,7 @@ impl Sentinel {
     }
 
     /// Ends the watcher and drops the kept Sentinel connection. A resolution still in
-    /// progress (a late cleanup after shutdown) keeps its connection until it ends.
+    /// progress (a connect or a late cleanup after shutdown) drops its own when it ends.
     pub fn stop(&self) {
         self.stop.cancel();
         if let Ok(mut asked) = self.asked.try_lock() {

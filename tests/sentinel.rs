@@ -232,12 +232,32 @@ async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_wa
 /// within seconds): it names `primary_port` whatever happens, and refuses SUBSCRIBE, so the
 /// driver watches the next Sentinel in the list.
 async fn lagging_sentinel(primary_port: u16) -> u16 {
+    fake_sentinel(primary_port).await.port
+}
+
+/// A stand-in Sentinel on a free port; it counts the connections it has open.
+struct FakeSentinel {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// See [`lagging_sentinel`].
+async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
+    use std::sync::atomic::Ordering;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let (accepted, open) = (std::sync::Arc::<std::sync::atomic::AtomicUsize>::default(), std::sync::Arc::<std::sync::atomic::AtomicUsize>::default());
+    let counters = (std::sync::Arc::clone(&accepted), std::sync::Arc::clone(&open));
     tokio::spawn(async move {
+        let (accepted, open) = counters;
         while let Ok((socket, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            open.fetch_add(1, Ordering::SeqCst);
+            let open = open.clone();
             tokio::spawn(async move {
+                let _closed = Closed(open);
                 let (read, mut write) = socket.into_split();
                 let mut lines = BufReader::new(read).lines();
                 // Commands arrive as RESP arrays of bulk strings: `*n`, then `$len` + word pairs.
@@ -261,7 +281,61 @@ async fn lagging_sentinel(primary_port: u16) -> u16 {
             });
         }
     });
-    port
+    FakeSentinel { port, accepted, open }
+}
+
+/// Counts a connection of the fake Sentinel closed when its task ends.
+struct Closed(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Accepts connections and never answers (a stalled Sentinel); counts them.
+async fn silent_sentinel() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            kept.push(socket);
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_answer_that_arrives_after_shutdown_leaves_no_sentinel_connection_open() {
+    use std::sync::atomic::Ordering;
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start();
+    let (silent, asked_silent) = silent_sentinel().await;
+    let answering = fake_sentinel(port_of(&primary)).await;
+    // The first Sentinel stalls for its share of connectTimeoutMs (3 s / 3), then the
+    // second answers: shutdown comes while the first is still being waited for.
+    let url = format!("redis-sentinel://127.0.0.1:{silent},127.0.0.1:{}#{MASTER}", answering.port);
+    let d = driver(common::url(&url), "late-answer", &[("shutdownTimeoutMs", 200.0)]);
+    let acquiring = {
+        let d = d.clone();
+        tokio::spawn(async move { acquire(&d, "k", 0).await })
+    };
+    eventually("the first Sentinel to be asked", Duration::from_secs(5), || asked_silent.load(Ordering::SeqCst) >= 1).await;
+    let _ = d.shutdown().await;
+    let err = acquiring.await.unwrap().unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ShutDown);
+    // The resolution goes on (bounded by connectTimeoutMs) and the second Sentinel answers.
+    eventually("the second Sentinel to be asked", Duration::from_secs(5), || answering.accepted.load(Ordering::SeqCst) >= 1).await;
+    eventually("no Sentinel connection of the shut-down driver to stay open", Duration::from_secs(5), || {
+        answering.open.load(Ordering::SeqCst) == 0
+    })
+    .await;
 }
 
 fn port_of(server: &RedisServer) -> u16 {
