@@ -114,6 +114,7 @@ impl Notifier {
                 _ = stopping.cancelled() => break,
                 subscribed = link.subscribe(&self.channel) => subscribed,
             };
+            // The failure, and whether it came from the data node (not from asking Sentinel).
             let failure = match subscribed {
                 Ok(messages) => {
                     *self.lock() = SubscriptionState::Live;
@@ -126,11 +127,12 @@ impl Notifier {
                         Ended::Idle => return,
                         // Sentinel moved the primary: releases are published there now.
                         Ended::Switched => continue,
-                        Ended::Lost(failure) => failure,
+                        Ended::Lost(failure) => (failure, true),
                     }
                 }
                 Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
-                Err(SubscribeFailure::Failed(failure)) => failure,
+                Err(SubscribeFailure::Failed(failure)) => (failure, true),
+                Err(SubscribeFailure::NoPrimary(failure)) => (failure, false),
             };
             let at = self.failed(failure, &link, &lines);
             if !self.resubscribe_at_switch(at, &lines, &stopping, &mut switches).await {
@@ -230,11 +232,12 @@ impl Notifier {
 
     /// The subscription failed or was lost, or its connection was refused (maxclients,
     /// AUTH): poll, and subscribe again when waiters come back after 5 s.
-    fn failed(&self, failure: RedisFailure, link: &RedisLink, lines: &Lines) -> Instant {
-        if failure.server_code.is_none() {
+    fn failed(&self, (failure, from_node): (RedisFailure, bool), link: &RedisLink, lines: &Lines) -> Instant {
+        if from_node && failure.server_code.is_none() {
             // Whatever closed this connection (a restart, a network cut) likely closed the
             // command connection too; the waiters woken below must not race its death. A
-            // server's refusal (maxclients) says nothing about the open command connection.
+            // server's refusal (maxclients), or Sentinels that could not name the primary,
+            // say nothing about the open command connection.
             link.forget_current();
         }
         let mut state = self.lock();

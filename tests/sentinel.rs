@@ -338,6 +338,39 @@ async fn a_sentinel_answer_that_arrives_after_shutdown_leaves_no_sentinel_connec
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_a_failed_subscription_does_not_cut_the_healthy_primary_connection() {
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start();
+    let mut sentinel = Sentinel::start(MASTER, &primary, &[]);
+    let holder = ha_driver(&sentinel, "no-sentinel", &[("leaseMs", 30_000.0)]);
+    let waiter = ha_driver(&sentinel, "no-sentinel", &[("pollIntervalMs", 50.0)]);
+    // Both connect to the primary while Sentinel answers.
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    let warm = acquire(&waiter, "other", 0).await.unwrap();
+    assert!(waiter.release(&warm).await.unwrap());
+
+    sentinel.server.kill();
+    // The waiter really waits, so it subscribes: with no Sentinel to name the primary, that fails.
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 10_000).await })
+    };
+    eventually("the subscription to fail without a Sentinel", Duration::from_secs(8), || {
+        matches!(waiter.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    // The primary itself is fine: the holder releases, and the waiter, polling on its own
+    // connection to the primary, gets the lock.
+    assert!(holder.release(&held).await.unwrap());
+    let lease = wait.await.unwrap().expect("the waiter's connection to the primary was kept");
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
 fn port_of(server: &RedisServer) -> u16 {
     server.url().rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the URL")
 }
