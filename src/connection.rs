@@ -346,15 +346,17 @@ impl RedisLink {
     /// With Sentinel: on the node Sentinel names now (no ROLE check: a subscription on the
     /// wrong node only misses notifications, and it moves at the next change of primary).
     pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
+        let resolved = AtomicBool::new(matches!(self.target, Target::Fixed(_)));
         let connect = async {
             let client = match &self.target {
                 Target::Fixed(node) => node.resp2.clone(),
                 Target::Sentinel(sentinel) => {
-                    let address = sentinel.primary_address().await.map_err(SubscribeFailure::Failed)?;
+                    let address = sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;
                     let node = sentinel
                         .node_info(&address)
                         .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
-                        .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+                        .map_err(|e| SubscribeFailure::NoPrimary(RedisFailure::connect(&e)))?;
+                    resolved.store(true, Ordering::Release);
                     node.resp2
                 }
             };
@@ -369,9 +371,11 @@ impl RedisLink {
             })?;
             Ok(pubsub.into_on_message())
         };
-        tokio::time::timeout(self.connect_timeout + self.command_timeout, connect)
-            .await
-            .unwrap_or_else(|_| Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())))
+        let outcome = tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await;
+        outcome.unwrap_or_else(|_| {
+            let failure = RedisFailure::connect_timeout();
+            Err(if resolved.load(Ordering::Acquire) { SubscribeFailure::Failed(failure) } else { SubscribeFailure::NoPrimary(failure) })
+        })
     }
 
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
@@ -463,6 +467,10 @@ pub enum SubscribeFailure {
     /// Anything else, including a refused connection (AUTH, SELECT, maxclients): it may
     /// pass, so waiters subscribe again later.
     Failed(RedisFailure),
+    /// Sentinel did not name the primary (none answered, or too slowly): a failure like
+    /// `Failed`, but one that says nothing about the connection to the primary, which may
+    /// be perfectly healthy.
+    NoPrimary(RedisFailure),
 }
 
 /// The reply to SUBSCRIBE says the command itself is refused, not the connection: NOPERM

@@ -107,40 +107,56 @@ impl Notifier {
     }
 
     async fn run(self: Arc<Self>, link: Arc<RedisLink>, lines: Arc<Lines>, stopping: CancellationToken) {
-        let subscribed = tokio::select! {
-            _ = stopping.cancelled() => { *self.lock() = SubscriptionState::Off; return }
-            subscribed = link.subscribe(&self.channel) => subscribed,
-        };
-        let mut messages = match subscribed {
-            Ok(messages) => messages,
-            Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
-            Err(SubscribeFailure::Failed(failure)) => return self.failed(failure, &link, &lines),
-        };
-        *self.lock() = SubscriptionState::Live;
-        self.subscriptions.fetch_add(1, Ordering::Relaxed);
-        // A release before the subscription sent nothing we could hear: every line's
-        // first waiter checks once more.
-        lines.wake_all();
+        // Taken before the first subscribe, so a change of primary while it fails is seen.
         let mut switches = link.primary_switches();
+        loop {
+            let subscribed = tokio::select! {
+                _ = stopping.cancelled() => break,
+                subscribed = link.subscribe(&self.channel) => subscribed,
+            };
+            // The failure, and whether it came from the data node (not from asking Sentinel).
+            let failure = match subscribed {
+                Ok(messages) => {
+                    *self.lock() = SubscriptionState::Live;
+                    self.subscriptions.fetch_add(1, Ordering::Relaxed);
+                    // A release before the subscription sent nothing we could hear: every
+                    // line's first waiter checks once more.
+                    lines.wake_all();
+                    match self.listen(messages, &lines, &stopping, &mut switches).await {
+                        Ended::Stopped => break,
+                        Ended::Idle => return,
+                        // Sentinel moved the primary: releases are published there now.
+                        Ended::Switched => continue,
+                        Ended::Lost(failure) => (failure, true),
+                    }
+                }
+                Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
+                Err(SubscribeFailure::Failed(failure)) => (failure, true),
+                Err(SubscribeFailure::NoPrimary(failure)) => (failure, false),
+            };
+            let at = self.failed(failure, &link, &lines);
+            if !self.resubscribe_at_switch(at, &lines, &stopping, &mut switches).await {
+                return;
+            }
+        }
+        // Dropping the stream closes the subscribe connection.
+        *self.lock() = SubscriptionState::Off;
+    }
 
+    /// Delivers notifications until shutdown, the last waiter leaving, a change of primary
+    /// or the loss of the subscription.
+    async fn listen(
+        &self,
+        mut messages: redis::aio::PubSubStream,
+        lines: &Lines,
+        stopping: &CancellationToken,
+        switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Ended {
         loop {
             let idle_until = lines.idle_since().map(|since| since + IDLE_UNSUBSCRIBE);
             tokio::select! {
-                _ = stopping.cancelled() => break,
-                // Sentinel moved the primary: releases are published there now.
-                _ = primary_switched(&mut switches) => {
-                    let subscribed = tokio::select! {
-                        _ = stopping.cancelled() => break,
-                        subscribed = link.subscribe(&self.channel) => subscribed,
-                    };
-                    messages = match subscribed {
-                        Ok(messages) => messages,
-                        Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
-                        Err(SubscribeFailure::Failed(failure)) => return self.failed(failure, &link, &lines),
-                    };
-                    self.subscriptions.fetch_add(1, Ordering::Relaxed);
-                    lines.wake_all();
-                }
+                _ = stopping.cancelled() => return Ended::Stopped,
+                _ = primary_switched(switches) => return Ended::Switched,
                 message = messages.next() => match message {
                     Some(message) => {
                         self.received.fetch_add(1, Ordering::Relaxed);
@@ -148,11 +164,11 @@ impl Notifier {
                             lines.wake(hash);
                         }
                     }
-                    None => return self.failed(RedisFailure::new(
+                    None => return Ended::Lost(RedisFailure::new(
                         crate::error::RedisErrorCode::ConnectionLost,
                         crate::error::Outcome::Unknown,
                         "the release-notification connection was closed",
-                    ), &link, &lines),
+                    )),
                 },
                 _ = lines.changed(), if idle_until.is_none() => {}
                 _ = sleep_until_opt(idle_until) => {
@@ -163,13 +179,44 @@ impl Notifier {
                     let mut state = self.lock();
                     if lines.idle_since().is_some_and(|since| since.elapsed() >= IDLE_UNSUBSCRIBE) {
                         *state = SubscriptionState::Off;
-                        return; // dropping the stream closes the subscribe connection
+                        return Ended::Idle; // dropping the stream closes the subscribe connection
                     }
                 }
             }
         }
-        // Dropping the stream closes the subscribe connection.
-        *self.lock() = SubscriptionState::Off;
+    }
+
+    /// After a failure at `at`: with Sentinel, the likeliest cause is a primary that went
+    /// away, and Sentinel soon names a new one. Subscribing there as soon as it does, rather
+    /// than 5 s after the failure, keeps waiters from polling through the whole failover.
+    /// True to subscribe again now; false when the usual 5 s rule applies (no Sentinel, no
+    /// switch in time, shutdown, or `ensure()` already started another subscription).
+    async fn resubscribe_at_switch(
+        &self,
+        at: Instant,
+        lines: &Lines,
+        stopping: &CancellationToken,
+        switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> bool {
+        if switches.is_none() {
+            return false;
+        }
+        let switched = tokio::select! {
+            _ = stopping.cancelled() => false,
+            _ = primary_switched(switches) => true,
+            _ = tokio::time::sleep_until((at + RESUBSCRIBE_AFTER_FAILURE).into()) => false,
+        };
+        let mut state = self.lock();
+        if !switched || *state != SubscriptionState::Failed(at) {
+            return false;
+        }
+        if lines.idle_since().is_some() {
+            // Nobody waits: the next waiter subscribes at once, on the new primary.
+            *state = SubscriptionState::Off;
+            return false;
+        }
+        *state = SubscriptionState::Starting;
+        true
     }
 
     /// The server refuses SUBSCRIBE itself: poll for good, said once.
@@ -185,18 +232,29 @@ impl Notifier {
 
     /// The subscription failed or was lost, or its connection was refused (maxclients,
     /// AUTH): poll, and subscribe again when waiters come back after 5 s.
-    fn failed(&self, failure: RedisFailure, link: &RedisLink, lines: &Lines) {
-        if failure.server_code.is_none() {
+    fn failed(&self, (failure, from_node): (RedisFailure, bool), link: &RedisLink, lines: &Lines) -> Instant {
+        if from_node && failure.server_code.is_none() {
             // Whatever closed this connection (a restart, a network cut) likely closed the
             // command connection too; the waiters woken below must not race its death. A
-            // server's refusal (maxclients) says nothing about the open command connection.
+            // server's refusal (maxclients), or Sentinels that could not name the primary,
+            // say nothing about the open command connection.
             link.forget_current();
         }
         let mut state = self.lock();
         lines.wake_all();
         events::notify_failed(self.driver_id, &failure);
-        *state = SubscriptionState::Failed(Instant::now());
+        let at = Instant::now();
+        *state = SubscriptionState::Failed(at);
+        at
     }
+}
+
+/// Why [`Notifier::listen`] stopped.
+enum Ended {
+    Stopped,
+    Idle,
+    Switched,
+    Lost(RedisFailure),
 }
 
 /// Resolves at the next change of primary; never without Sentinel.

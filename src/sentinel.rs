@@ -29,8 +29,9 @@ pub struct Sentinel {
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     command_timeout: Duration,
-    /// The address last confirmed as the primary (`host:port`); guards epoch changes.
-    confirmed: Mutex<Option<String>>,
+    /// The address last confirmed or announced as the primary (`host:port`), and the epoch
+    /// in which it was announced, if it was: guards epoch changes.
+    confirmed: Mutex<Known>,
     epoch: AtomicU64,
     switched: watch::Sender<u64>,
     /// A connection to the Sentinel that answered last, kept for the next question.
@@ -38,6 +39,25 @@ pub struct Sentinel {
     watching: AtomicBool,
     /// Cancelled when the link closes: ends the watcher.
     stop: CancellationToken,
+}
+
+/// What this driver knows of the primary's address.
+#[derive(Default)]
+struct Known {
+    address: Option<String>,
+    /// The epoch a `+switch-master` (or the watcher's own question) started with `address`.
+    announced_in: Option<u64>,
+}
+
+impl Known {
+    /// The announced address, while its epoch lasts.
+    fn announced_now(&self, epoch: u64) -> Option<String> {
+        if self.announced_in == Some(epoch) {
+            self.address.clone()
+        } else {
+            None
+        }
+    }
 }
 
 /// Credentials for the Sentinels themselves (`sentinelUsername` / `sentinelPassword`).
@@ -76,7 +96,7 @@ impl Sentinel {
             config,
             connect_timeout,
             command_timeout,
-            confirmed: Mutex::new(None),
+            confirmed: Mutex::new(Known::default()),
             epoch: AtomicU64::new(0),
             switched: watch::Sender::new(0),
             asked: tokio::sync::Mutex::new(None),
@@ -101,16 +121,35 @@ impl Sentinel {
         self.url.node_url(address).as_str().into_connection_info()
     }
 
-    fn confirmed(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, Known> {
         self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The primary's address by `SENTINEL GET-MASTER-ADDR-BY-NAME`, from the first Sentinel
     /// in the listed order that answers. One Sentinel that does not answer gets a share of
     /// connectTimeoutMs, so a stalled first one leaves time to ask the next and to connect.
+    ///
+    /// After a `+switch-master` was heard, Sentinels that have not learnt of it yet (they
+    /// hear of a failover from each other within seconds) still name the old primary, which
+    /// keeps answering ROLE `master` and taking writes until it is converted: a lock taken
+    /// there is lost. So in the epoch of an announcement, a Sentinel naming another address
+    /// is passed over for one naming the announced primary; it is believed only when none
+    /// does (a later failover the watcher missed).
     pub async fn primary_address(&self) -> Result<String, RedisFailure> {
-        let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
         let mut asked = self.asked.lock().await;
+        let resolved = self.resolve(&mut asked).await;
+        // A resolution still running when the link closed (shutdown) keeps no connection:
+        // `stop()` could not drop it then, and nothing would later.
+        if self.stop.is_cancelled() {
+            *asked = None;
+        }
+        resolved
+    }
+
+    async fn resolve(&self, asked: &mut Option<(usize, MultiplexedConnection)>) -> Result<String, RedisFailure> {
+        let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
+        let announced = self.confirmed().announced_now(self.epoch());
+        let mut other = None;
         let mut refusal = None;
         let mut unknown_name = false;
         for index in 0..self.sentinels.len() {
@@ -127,7 +166,11 @@ impl Sentinel {
             match outcome {
                 Ok(Ok((conn, Some((host, port))))) => {
                     *asked = Some((index, conn));
-                    return Ok(address(&host, &port));
+                    let named = address(&host, &port);
+                    if announced.as_ref().is_none_or(|a| *a == named) {
+                        return Ok(named);
+                    }
+                    other.get_or_insert(named);
                 }
                 // This Sentinel does not know the name (yet): another one may.
                 Ok(Ok((conn, None))) => {
@@ -142,6 +185,9 @@ impl Sentinel {
                 }
                 Err(_) => {}
             }
+        }
+        if let Some(named) = other {
+            return Ok(named);
         }
         Err(refusal.unwrap_or_else(|| {
             let message = if unknown_name {
@@ -170,21 +216,28 @@ impl Sentinel {
     /// Returns the epoch the connection belongs to, or `None` when the primary changed
     /// meanwhile (ask again). A new address is a change of primary too.
     pub fn confirm(&self, began: u64, address: &str) -> Option<u64> {
-        let mut confirmed = self.confirmed();
+        let mut known = self.confirmed();
         if self.epoch() != began {
             return None;
         }
-        let moved = confirmed.as_deref().is_some_and(|known| known != address);
-        *confirmed = Some(address.to_owned());
-        Some(if moved { self.bump() } else { began })
+        let moved = known.address.as_deref().is_some_and(|a| a != address);
+        if !moved {
+            known.address.get_or_insert_with(|| address.to_owned());
+            return Some(began);
+        }
+        *known = Known { address: Some(address.to_owned()), announced_in: None };
+        Some(self.bump())
     }
 
     /// Sentinel says the primary is at `now_at`: unless that is the one confirmed, every
     /// connection is to be made anew. Called by the watcher.
+    /// The address is remembered as announced, so that a Sentinel still naming the old
+    /// primary is not believed in this epoch (see [`primary_address`](Self::primary_address)).
     fn switched_to(&self, now_at: &str) {
-        let confirmed = self.confirmed();
-        if confirmed.as_deref() != Some(now_at) {
-            self.bump();
+        let mut known = self.confirmed();
+        if known.address.as_deref() != Some(now_at) {
+            let epoch = self.bump();
+            *known = Known { address: Some(now_at.to_owned()), announced_in: Some(epoch) };
         }
     }
 
@@ -202,7 +255,7 @@ impl Sentinel {
     }
 
     /// Ends the watcher and drops the kept Sentinel connection. A resolution still in
-    /// progress (a late cleanup after shutdown) keeps its connection until it ends.
+    /// progress (a connect or a late cleanup after shutdown) drops its own when it ends.
     pub fn stop(&self) {
         self.stop.cancel();
         if let Ok(mut asked) = self.asked.try_lock() {

@@ -182,6 +182,229 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
     holder.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_waiting_out_its_failure() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (mut old, new, sentinel) = cluster(&[]);
+    // Safety polls so slow that only a notification explains a quick wake-up. The holder's
+    // lease is on the replica before it is handed out, so it survives the kill.
+    let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
+    let holder = ha_driver(&sentinel, "killed-sub", &[("leaseMs", 60_000.0), ("minReplicas", 1.0)]);
+    let waiter = ha_driver(&sentinel, "killed-sub", &slow);
+    let held = acquire(&holder, "k", 5_000).await.unwrap();
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
+    };
+    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+
+    old.kill();
+    eventually("the subscription to fail with its primary", Duration::from_secs(5), || {
+        matches!(waiter.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    eventually("the waiter to hear of the new primary", Duration::from_secs(15), || waiter.primary_switches() >= 1).await;
+    // The condition: a new primary is known. Waiting out the failure (5 s, then a waiter's
+    // next try, 20 s away here) would leave the waiter polling through the failover.
+    let switched_at = Instant::now();
+    eventually("the subscription to follow the new primary", Duration::from_secs(4), || {
+        waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
+    assert!(switched_at.elapsed() < Duration::from_secs(4));
+    assert!(waiter.subscriptions() >= 2, "subscribed again, on the new primary");
+
+    eventually("the holder to hear of the new primary", Duration::from_secs(10), || holder.primary_switches() >= 1).await;
+    let released_at = Instant::now();
+    assert!(holder.release(&held).await.unwrap(), "the replicated lease is released on the new primary");
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    assert!(holds(&new, "killed-sub", "k"));
+    assert!(fence(&lease) > fence(&held));
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// A Sentinel that has not heard of a failover yet (Sentinels learn of one from each other
+/// within seconds): it names `primary_port` whatever happens, and refuses SUBSCRIBE, so the
+/// driver watches the next Sentinel in the list.
+async fn lagging_sentinel(primary_port: u16) -> u16 {
+    fake_sentinel(primary_port).await.port
+}
+
+/// A stand-in Sentinel on a free port; it counts the connections it has open.
+struct FakeSentinel {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// See [`lagging_sentinel`].
+async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepted, open) = (std::sync::Arc::<std::sync::atomic::AtomicUsize>::default(), std::sync::Arc::<std::sync::atomic::AtomicUsize>::default());
+    let counters = (std::sync::Arc::clone(&accepted), std::sync::Arc::clone(&open));
+    tokio::spawn(async move {
+        let (accepted, open) = counters;
+        while let Ok((socket, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            open.fetch_add(1, Ordering::SeqCst);
+            let open = open.clone();
+            tokio::spawn(async move {
+                let _closed = Closed(open);
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                // Commands arrive as RESP arrays of bulk strings: `*n`, then `$len` + word pairs.
+                while let Ok(Some(header)) = lines.next_line().await {
+                    let Some(count) = header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else { continue };
+                    let mut words = Vec::new();
+                    for _ in 0..count {
+                        let _ = lines.next_line().await;
+                        words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
+                    }
+                    let reply = match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
+                        Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
+                        Some("PING") => "+PONG\r\n".to_owned(),
+                        Some("CLIENT") => "+OK\r\n".to_owned(),
+                        _ => "-ERR unknown command\r\n".to_owned(),
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    FakeSentinel { port, accepted, open }
+}
+
+/// Counts a connection of the fake Sentinel closed when its task ends.
+struct Closed(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Accepts connections and never answers (a stalled Sentinel); counts them.
+async fn silent_sentinel() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            kept.push(socket);
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_answer_that_arrives_after_shutdown_leaves_no_sentinel_connection_open() {
+    use std::sync::atomic::Ordering;
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start();
+    let (silent, asked_silent) = silent_sentinel().await;
+    let answering = fake_sentinel(port_of(&primary)).await;
+    // The first Sentinel stalls for its share of connectTimeoutMs (3 s / 3), then the
+    // second answers: shutdown comes while the first is still being waited for.
+    let url = format!("redis-sentinel://127.0.0.1:{silent},127.0.0.1:{}#{MASTER}", answering.port);
+    let d = driver(common::url(&url), "late-answer", &[("shutdownTimeoutMs", 200.0)]);
+    let acquiring = {
+        let d = d.clone();
+        tokio::spawn(async move { acquire(&d, "k", 0).await })
+    };
+    eventually("the first Sentinel to be asked", Duration::from_secs(5), || asked_silent.load(Ordering::SeqCst) >= 1).await;
+    let _ = d.shutdown().await;
+    let err = acquiring.await.unwrap().unwrap_err();
+    assert_eq!(err.code, LockErrorCode::ShutDown);
+    // The resolution goes on (bounded by connectTimeoutMs) and the second Sentinel answers.
+    eventually("the second Sentinel to be asked", Duration::from_secs(5), || answering.accepted.load(Ordering::SeqCst) >= 1).await;
+    eventually("no Sentinel connection of the shut-down driver to stay open", Duration::from_secs(5), || {
+        answering.open.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_a_failed_subscription_does_not_cut_the_healthy_primary_connection() {
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start();
+    let mut sentinel = Sentinel::start(MASTER, &primary, &[]);
+    let holder = ha_driver(&sentinel, "no-sentinel", &[("leaseMs", 30_000.0)]);
+    let waiter = ha_driver(&sentinel, "no-sentinel", &[("pollIntervalMs", 50.0)]);
+    // Both connect to the primary while Sentinel answers.
+    let held = acquire(&holder, "k", 0).await.unwrap();
+    let warm = acquire(&waiter, "other", 0).await.unwrap();
+    assert!(waiter.release(&warm).await.unwrap());
+
+    sentinel.server.kill();
+    // The waiter really waits, so it subscribes: with no Sentinel to name the primary, that fails.
+    let wait = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&waiter, "k", 10_000).await })
+    };
+    eventually("the subscription to fail without a Sentinel", Duration::from_secs(8), || {
+        matches!(waiter.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    // The primary itself is fine: the holder releases, and the waiter, polling on its own
+    // connection to the primary, gets the lock.
+    assert!(holder.release(&held).await.unwrap());
+    let lease = wait.await.unwrap().expect("the waiter's connection to the primary was kept");
+    assert!(waiter.release(&lease).await.unwrap());
+    waiter.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+fn port_of(server: &RedisServer) -> u16 {
+    server.url().rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the URL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_back_to_the_old_primary() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let (old, new, sentinel) = cluster(&[]);
+    let lagging = lagging_sentinel(port_of(&old)).await;
+    // The lagging Sentinel is listed first: it is asked first, and answers.
+    let url = format!("redis-sentinel://127.0.0.1:{lagging},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "lagging", &[]);
+    let before = acquire(&d, "k", 0).await.unwrap();
+    assert!(holds(&old, "lagging", "k"));
+    assert!(d.release(&before).await.unwrap());
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    // The condition: the driver heard `+switch-master` (from the second Sentinel), while the
+    // first still names the old primary, which still answers ROLE master and takes writes.
+    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    assert_eq!(role(&old), "master");
+
+    let after = acquire(&d, "k", 0).await.unwrap();
+    assert!(!holds(&old, "lagging", "k"), "no lock on the old primary after the switch was announced: it would be lost");
+    assert!(holds(&new, "lagging", "k"), "the lock is on the announced primary");
+    assert_eq!(role(&old), "master", "the old primary still took writes while this lock was taken");
+    assert!(fence(&after) > fence(&before));
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
 /// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
 /// `+switch-master` and stays on the old primary until that refuses its writes.
 const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
