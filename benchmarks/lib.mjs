@@ -7,9 +7,39 @@ import { readFileSync, statSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
 
 export const here = path.dirname(fileURLToPath(import.meta.url));
 export const root = path.resolve(here, '..');
+
+// ----------------------------------------------------------------- options ----
+
+/**
+ * A benchmark's command line by util.parseArgs (`options` in its format; values come back as
+ * strings and booleans, `default`s applied), under the rules these scripts have always had:
+ * only `--name value` and the `short` aliases given; `--name=value`, grouped short options,
+ * `--`, positionals and names not in `options` throw `unknown argument <arg>`; a value may
+ * start with a dash (`--seconds -1` reaches the script's own check, `--out --x` is a path);
+ * the last of a repeated option wins. `help`, when given, is called at the first
+ * `--help`/`-h` met before any unknown argument (it prints the usage and exits). A
+ * value-taking option at the very end throws `<option> needs a value`, or with
+ * `missingValue: 'undefined'` leaves that option undefined (what the older scripts did).
+ * parseArgs runs with strict: false, and its tokens are checked here, because strict mode
+ * rejects values that start with a dash, accepts `--name=value` and words its errors otherwise.
+ */
+export function parseOptions(argv, options, { help, missingValue = 'throw' } = {}) {
+  const { values, tokens } = parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true });
+  for (const t of tokens) {
+    const arg = argv[t.index];
+    if (t.kind !== 'option' || !Object.hasOwn(options, t.name) || t.inlineValue || arg !== t.rawName) throw new Error(`unknown argument ${arg}`);
+    if (t.name === 'help' && help) help();
+    if (options[t.name].type === 'string' && t.value === undefined) {
+      if (missingValue === 'throw') throw new Error(`${arg} needs a value`);
+      values[t.name] = undefined;
+    }
+  }
+  return values;
+}
 
 // ------------------------------------------------------------------ numbers ----
 
