@@ -49,40 +49,46 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
   here, root, packageDir, median, round, spread, parseInfo, pkgVersion, addonInfo, gitInfo, machineInfo, commandVersion, cpuWindow,
-  childProcesses, runMain, targetsSection, verdictLine,
+  childProcesses, parseOptions, runMain, targetsSection, verdictLine,
 } from './lib.mjs';
 import { chartSvg } from './throughput-chart.mjs';
 
 // ------------------------------------------------------------------ options ----
 
 function parseArgs(argv) {
-  const opts = { seconds: null, reps: null, only: null, quick: false, cycles: null, warmup: null, out: null, maxOtherCpu: 0.2, retries: 2, leases: 10_000, waiters: 128 };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      return v;
-    };
-    if (a === '--seconds') opts.seconds = Number(value());
-    else if (a === '--reps') opts.reps = Number(value());
-    else if (a === '--only') opts.only = value().split(',').map((s) => s.trim()).filter(Boolean);
-    else if (a === '--quick') opts.quick = true;
-    else if (a === '--cycles') opts.cycles = Number(value());
-    else if (a === '--warmup') opts.warmup = Number(value());
-    else if (a === '--out') opts.out = path.resolve(value());
-    else if (a === '--max-other-cpu') opts.maxOtherCpu = Number(value());
-    else if (a === '--retries') opts.retries = Number(value());
-    else if (a === '--help' || a === '-h') {
+  const v = parseOptions(argv, {
+    seconds: { type: 'string' }, // 5, or 1 with --quick
+    reps: { type: 'string' }, // 3, or 1 with --quick
+    only: { type: 'string' },
+    quick: { type: 'boolean', default: false },
+    cycles: { type: 'string' }, // 1 000 000, or 100 000 with --quick
+    warmup: { type: 'string' }, // 1, or 0.5 with --quick
+    out: { type: 'string' },
+    'max-other-cpu': { type: 'string', default: '0.2' },
+    retries: { type: 'string', default: '2' },
+    help: { type: 'boolean', short: 'h' },
+  }, {
+    help() {
       console.log('node benchmarks/throughput.bench.mjs [--seconds N=5] [--reps N=3] [--only a,b] [--quick] [--cycles N=1000000] [--warmup S=1] [--out DIR] [--max-other-cpu 0.2] [--retries 2]');
       console.log(`configurations: ${CONFIGS.map((c) => c.name).join(', ')}; groups: ceiling, pairs`);
       process.exit(0);
-    } else throw new Error(`unknown argument ${a}`);
-  }
-  opts.seconds ??= opts.quick ? 1 : 5;
-  opts.reps ??= opts.quick ? 1 : 3;
-  opts.cycles ??= opts.quick ? 100_000 : 1_000_000;
-  opts.warmup ??= opts.quick ? 0.5 : 1;
+    },
+  });
+  const quick = v.quick;
+  const number = (s, byDefault) => (s === undefined ? byDefault : Number(s));
+  const opts = {
+    seconds: number(v.seconds, quick ? 1 : 5),
+    reps: number(v.reps, quick ? 1 : 3),
+    only: v.only === undefined ? null : v.only.split(',').map((s) => s.trim()).filter(Boolean),
+    quick,
+    cycles: number(v.cycles, quick ? 100_000 : 1_000_000),
+    warmup: number(v.warmup, quick ? 0.5 : 1),
+    out: v.out === undefined ? null : path.resolve(v.out),
+    maxOtherCpu: Number(v['max-other-cpu']),
+    retries: Number(v.retries),
+    leases: 10_000,
+    waiters: 128,
+  };
   if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
   if (!Number.isInteger(opts.cycles) || opts.cycles < 10) throw new Error('--cycles must be an integer >= 10');
