@@ -27,7 +27,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
-  addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, processBusy, root, round,
+  addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, parseOptions, processBusy, root, round,
   runMain, targetsSection, verdictLine,
 } from './lib.mjs';
 
@@ -36,28 +36,34 @@ const now = () => performance.timeOrigin + performance.now();
 // ------------------------------------------------------------------ options ----
 
 function parseArgs(argv) {
-  const opts = { seconds: 10, reps: 3, only: null, hold: 'atomics', out: null, maxOtherCpu: 0.15, retries: 5, quietWaitMs: 180_000 };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      return v;
-    };
-    if (a === '--seconds') opts.seconds = Number(value());
-    else if (a === '--reps') opts.reps = Number(value());
-    else if (a === '--only') opts.only = value().split(',').map((s) => s.trim()).filter(Boolean);
-    else if (a === '--hold') opts.hold = value();
-    else if (a === '--out') opts.out = path.resolve(value());
-    else if (a === '--max-other-cpu') opts.maxOtherCpu = Number(value());
-    else if (a === '--retries') opts.retries = Number(value());
-    else if (a === '--quiet-wait') opts.quietWaitMs = Number(value()) * 1000;
-    else if (a === '--resume') opts.resume = true;
-    else if (a === '--help' || a === '-h') {
+  const v = parseOptions(argv, {
+    seconds: { type: 'string', default: '10' },
+    reps: { type: 'string', default: '3' },
+    only: { type: 'string' },
+    hold: { type: 'string', default: 'atomics' },
+    out: { type: 'string' },
+    'max-other-cpu': { type: 'string', default: '0.15' },
+    retries: { type: 'string', default: '5' },
+    'quiet-wait': { type: 'string', default: '180' },
+    resume: { type: 'boolean' },
+    help: { type: 'boolean', short: 'h' },
+  }, {
+    help() {
       console.log('node benchmarks/lock-contention.bench.mjs [--seconds N=10] [--reps N=3] [--only name,name] [--hold atomics|timer] [--out DIR=benchmarks/results] [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]');
       process.exit(0);
-    } else throw new Error(`unknown argument ${a}`);
-  }
+    },
+  });
+  const opts = {
+    seconds: Number(v.seconds),
+    reps: Number(v.reps),
+    only: v.only === undefined ? null : v.only.split(',').map((s) => s.trim()).filter(Boolean),
+    hold: v.hold,
+    out: v.out === undefined ? null : path.resolve(v.out),
+    maxOtherCpu: Number(v['max-other-cpu']),
+    retries: Number(v.retries),
+    quietWaitMs: Number(v['quiet-wait']) * 1000,
+  };
+  if (v.resume) opts.resume = true;
   if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
   if (!['atomics', 'timer'].includes(opts.hold)) throw new Error('--hold must be atomics or timer');
