@@ -39,7 +39,7 @@ import { createHistogram } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  root, median, round, spread, addonInfo, gitInfo, machineInfo, cpuWindow, childProcesses, runMain,
+  root, median, round, spread, addonInfo, gitInfo, machineInfo, cpuWindow, childProcesses, parseOptions, runMain,
 } from './lib.mjs';
 
 const SELF = fileURLToPath(import.meta.url);
@@ -48,27 +48,29 @@ const NAMES = ['acquire', 'release', 'renew'];
 const EVENTS = ['start', 'end', 'asyncStart', 'asyncEnd', 'error'];
 
 function parseArgs(argv) {
-  const opts = { window: 0.5, rounds: null, reps: null, inflight: [1, 64], out: null, quick: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      return v;
-    };
-    if (a === '--window') opts.window = Number(value());
-    else if (a === '--rounds') opts.rounds = Number(value());
-    else if (a === '--reps') opts.reps = Number(value());
-    else if (a === '--inflight') opts.inflight = value().split(',').map(Number);
-    else if (a === '--out') opts.out = path.resolve(value());
-    else if (a === '--quick') opts.quick = true;
-    else if (a === '--help' || a === '-h') {
+  const v = parseOptions(argv, {
+    window: { type: 'string', default: '0.5' },
+    rounds: { type: 'string' }, // 10, or 3 with --quick
+    reps: { type: 'string' }, // 3, or 1 with --quick
+    inflight: { type: 'string', default: '1,64' },
+    out: { type: 'string' },
+    quick: { type: 'boolean', default: false },
+    help: { type: 'boolean', short: 'h' },
+  }, {
+    help() {
       console.log('node benchmarks/tracing-channels.bench.mjs [--window S=0.5] [--rounds N=10] [--reps N=3] [--inflight 1,64] [--out DIR] [--quick]');
       process.exit(0);
-    } else throw new Error(`unknown argument ${a}`);
-  }
-  opts.rounds ??= opts.quick ? 3 : 10;
-  opts.reps ??= opts.quick ? 1 : 3;
+    },
+  });
+  const quick = v.quick;
+  const opts = {
+    window: Number(v.window),
+    rounds: v.rounds === undefined ? (quick ? 3 : 10) : Number(v.rounds),
+    reps: v.reps === undefined ? (quick ? 1 : 3) : Number(v.reps),
+    inflight: v.inflight.split(',').map(Number),
+    out: v.out === undefined ? null : path.resolve(v.out),
+    quick,
+  };
   if (!(opts.window > 0) || !Number.isInteger(opts.reps) || opts.reps < 1 || !Number.isInteger(opts.rounds) || opts.rounds < 1) {
     throw new Error('--window > 0, --rounds and --reps integers >= 1');
   }
