@@ -19,7 +19,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
-  Samples, addonInfo, commandStats, commandVersion, gitInfo, here, machineInfo, median, root, round, spread,
+  Samples, addonInfo, commandStats, commandVersion, gitInfo, here, machineInfo, median, parseOptions, root, round, spread,
 } from './lib.mjs';
 import { encode, parseReply, startRedis } from '../__test__/helpers/redis.mjs';
 
@@ -27,17 +27,19 @@ const require = createRequire(import.meta.url);
 const { createRedisLockDriver } = require(path.join(root, 'index.js'));
 
 function parseArgs(argv) {
-  const opts = { seconds: 3, reps: 5, inflight: [1, 64], out: null };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const v = () => argv[++i];
-    if (a === '--seconds') opts.seconds = Number(v());
-    else if (a === '--reps') opts.reps = Number(v());
-    else if (a === '--inflight') opts.inflight = v().split(',').map(Number);
-    else if (a === '--out') opts.out = v();
-    else throw new Error(`unknown argument ${a}`);
-  }
-  return opts;
+  const v = parseOptions(argv, {
+    seconds: { type: 'string', default: '3' },
+    reps: { type: 'string', default: '5' },
+    inflight: { type: 'string', default: '1,64' },
+    out: { type: 'string' },
+  }, { missingValue: 'undefined' });
+  // An option left without its value at the end of the line gives NaN (--out: undefined; --inflight: a TypeError from split), as it always has.
+  return {
+    seconds: Number(v.seconds),
+    reps: Number(v.reps),
+    inflight: v.inflight.split(',').map(Number),
+    out: 'out' in v ? v.out : null,
+  };
 }
 
 /** One connection that sends commands and reads replies in order (no client library). */
