@@ -25,19 +25,26 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { root, median, round, spread, parseInfo, commandStats, pkgVersion, gitInfo, machineInfo, commandVersion, processBusy, machineBusy, childProcesses, runMain } from './lib.mjs';
+import { root, median, round, spread, parseInfo, commandStats, pkgVersion, gitInfo, machineInfo, commandVersion, processBusy, machineBusy, childProcesses, parseOptions, runMain } from './lib.mjs';
 
-const opts = { n: 200_000, reps: 5, batch: 1000, out: null, callgrind: false };
-for (let i = 2; i < process.argv.length; i++) {
-  const a = process.argv[i];
-  const value = () => process.argv[++i];
-  if (a === '--n') opts.n = Number(value());
-  else if (a === '--reps') opts.reps = Number(value());
-  else if (a === '--batch') opts.batch = Number(value());
-  else if (a === '--out') opts.out = value();
-  else if (a === '--callgrind') opts.callgrind = true;
-  else throw new Error(`unknown argument ${a}`);
+function parseArgs(argv) {
+  const v = parseOptions(argv, {
+    n: { type: 'string', default: '200000' },
+    reps: { type: 'string', default: '5' },
+    batch: { type: 'string', default: '1000' },
+    out: { type: 'string' },
+    callgrind: { type: 'boolean', default: false },
+  }, { missingValue: 'undefined' });
+  // An option left without its value at the end of the line gives NaN (undefined for --out), as it always has.
+  return {
+    n: Number(v.n),
+    reps: Number(v.reps),
+    batch: Number(v.batch),
+    out: 'out' in v ? v.out : null,
+    callgrind: v.callgrind,
+  };
 }
+const opts = parseArgs(process.argv.slice(2));
 
 const LEASE_MS = '10000';
 const FENCE_TTL_MS = '86400000';
