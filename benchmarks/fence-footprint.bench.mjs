@@ -17,19 +17,26 @@ import path from 'node:path';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { root, round, parseInfo, gitInfo, machineInfo, addonInfo, childProcesses, runMain } from './lib.mjs';
+import { root, round, parseInfo, gitInfo, machineInfo, addonInfo, childProcesses, parseOptions, runMain } from './lib.mjs';
 
-const opts = { keys: 1_000_000, inflight: 64, fenceTtlMs: 1000, checkpoints: 10, out: null };
-for (let i = 2; i < process.argv.length; i++) {
-  const a = process.argv[i];
-  const value = () => Number(process.argv[++i]);
-  if (a === '--keys') opts.keys = value();
-  else if (a === '--inflight') opts.inflight = value();
-  else if (a === '--fence-ttl-ms') opts.fenceTtlMs = value();
-  else if (a === '--checkpoints') opts.checkpoints = value();
-  else if (a === '--out') opts.out = process.argv[++i];
-  else throw new Error(`unknown argument ${a}`);
+function parseArgs(argv) {
+  const v = parseOptions(argv, {
+    keys: { type: 'string', default: '1000000' },
+    inflight: { type: 'string', default: '64' },
+    'fence-ttl-ms': { type: 'string', default: '1000' },
+    checkpoints: { type: 'string', default: '10' },
+    out: { type: 'string' },
+  }, { missingValue: 'undefined' });
+  // An option left without its value at the end of the line gives NaN (undefined for --out), as it always has.
+  return {
+    keys: Number(v.keys),
+    inflight: Number(v.inflight),
+    fenceTtlMs: Number(v['fence-ttl-ms']),
+    checkpoints: Number(v.checkpoints),
+    out: 'out' in v ? v.out : null,
+  };
 }
+const opts = parseArgs(process.argv.slice(2));
 
 const MiB = 2 ** 20;
 const lock = createRequire(import.meta.url)(root);
