@@ -325,6 +325,15 @@ impl RedisLink {
         }
     }
 
+    /// Gives up on `conn` for good (a command on it stalled past our own limit): the next
+    /// command opens a new connection, and nothing more is sent on this one by anyone still
+    /// holding it (it would only queue behind the stalled command); that is reported as
+    /// surely not submitted.
+    pub fn give_up(&self, conn: &Conn) {
+        conn.closed.store(true, Ordering::Release);
+        self.forget(conn);
+    }
+
     /// Drops the shared connection, whichever it is: the next command opens a new one.
     pub fn forget_current(&self) {
         let mut state = self.state();

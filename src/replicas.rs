@@ -135,8 +135,9 @@ async fn wait(link: &RedisLink, conn: &Conn, min: u32, timeout_ms: u32, local_li
             "the connection to Redis was lost before replicas acknowledged the write",
         )),
         Err(_) => {
-            // Everything behind the stalled WAIT would wait too.
-            link.forget(conn);
+            // Everything behind the stalled WAIT would wait too, the next round's WAIT
+            // included: no one sends on this connection again.
+            link.give_up(conn);
             Err(RedisFailure::too_few_replicas("Redis did not answer WAIT in time: replication is not confirmed"))
         }
     }

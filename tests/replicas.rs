@@ -334,3 +334,50 @@ async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_repli
     replica.resume();
     d.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_same_connection() {
+    if support::external() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let options = dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
+        ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
+        ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
+        ("namespace".into(), dokebi_lock_redis::Raw::String("rounds".into())),
+        ("minReplicas".into(), dokebi_lock_redis::Raw::Number(1.0)),
+        ("replicaTimeoutMs".into(), dokebi_lock_redis::Raw::Number(1_000.0)),
+    ]))
+    .unwrap();
+    let connection = dokebi_lock_redis::options::parse_connection(&url(primary.url())).unwrap();
+    let link = Arc::new(dokebi_lock_redis::connection::RedisLink::new(&connection, 0).unwrap());
+    let command_timeout = Duration::from_millis(300);
+    let replicas = dokebi_lock_redis::replicas::Replicas::new(&options, command_timeout);
+    let conn = link.connection().await.unwrap();
+    let mut write = redis::cmd("SET");
+    write.arg("rounds:written").arg("1");
+    link.command_on(&conn, &write).await.unwrap();
+    replica.pause();
+    // Two writes confirmed at once: the first sends a WAIT, the second joins the round after it.
+    let first = replicas.confirm(&link, &conn);
+    let second = replicas.confirm(&link, &conn);
+    let both = async { tokio::join!(first, second) };
+    tokio::pin!(both);
+    tokio::select! {
+        _ = &mut both => panic!("a WAIT answered although the replica is stopped"),
+        _ = wait_in_flight(&primary) => {}
+    }
+    // The primary stalls too: only our own limit (replicaTimeoutMs + commandTimeoutMs) ends
+    // the first round. The second must not wait out the same limit again on that connection.
+    primary.pause();
+    let paused = Instant::now();
+    let (first, second) = both.await;
+    let elapsed = paused.elapsed();
+    for failure in [first.unwrap_err(), second.unwrap_err()] {
+        assert_eq!(failure.server_code.as_deref(), Some("NOREPLICAS"), "{failure:?}");
+    }
+    // One limit is 1.3 s; a second round on the stalled connection would end near 2.6 s.
+    assert!(elapsed < Duration::from_millis(2_000), "the second round waited out the stalled connection again: {elapsed:?}");
+    primary.resume();
+    replica.resume();
+}
