@@ -284,6 +284,71 @@ async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
     FakeSentinel { port, accepted, open }
 }
 
+/// A stand-in Sentinel that names `primary_port` and confirms SUBSCRIBE, then drops the
+/// connection at once; counts the subscriptions it took.
+async fn dropping_sentinel(primary_port: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let subscriptions = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+    let counter = subscriptions.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(header)) = lines.next_line().await {
+                    let Some(count) = header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else { continue };
+                    let mut words = Vec::new();
+                    for _ in 0..count {
+                        let _ = lines.next_line().await;
+                        words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
+                    }
+                    let reply = match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
+                        Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
+                        Some("SUBSCRIBE") => {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            let channel = words.get(1).cloned().unwrap_or_default();
+                            let confirmed = format!("*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n", channel.len());
+                            let _ = write.write_all(confirmed.as_bytes()).await;
+                            return; // and the connection is gone
+                        }
+                        Some("PING") => "+PONG\r\n".to_owned(),
+                        Some("CLIENT") => "+OK\r\n".to_owned(),
+                        _ => "-ERR unknown command\r\n".to_owned(),
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, subscriptions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_drops_every_subscription_at_once_is_not_asked_again_in_a_tight_loop() {
+    use std::sync::atomic::Ordering;
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start();
+    let (port, subscriptions) = dropping_sentinel(port_of(&primary)).await;
+    let d = driver(common::url(&format!("redis-sentinel://127.0.0.1:{port}#{MASTER}")), "dropping", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap(); // connected: the watcher starts
+    eventually("the watcher to subscribe", Duration::from_secs(5), || subscriptions.load(Ordering::SeqCst) >= 1).await;
+    let started = subscriptions.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = subscriptions.load(Ordering::SeqCst) - started;
+    // With backoff from 100 ms doubling: a handful. Without a pause: hundreds.
+    assert!(again <= 10, "{again} subscriptions in 1.5 s");
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
 /// Counts a connection of the fake Sentinel closed when its task ends.
 struct Closed(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 

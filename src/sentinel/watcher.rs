@@ -6,7 +6,7 @@
 //! primary is asked again, since a switch announced in between was not heard.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
@@ -15,6 +15,8 @@ use super::{address, pause, Sentinel};
 const CHANNEL: &str = "+switch-master";
 /// The longest pause after every Sentinel refused or failed to take the subscription.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A subscription held at least this long was a working one: the backoff starts over.
+const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
 
 pub(super) async fn run(sentinel: Arc<Sentinel>) {
     let count = sentinel.sentinels.len();
@@ -24,9 +26,16 @@ pub(super) async fn run(sentinel: Arc<Sentinel>) {
     while !sentinel.stop.is_cancelled() {
         match subscribe(&sentinel, index).await {
             Some(messages) => {
-                failed_in_a_row = 0;
-                backoff = Duration::from_millis(100);
+                let began = Instant::now();
                 follow(&sentinel, messages).await;
+                // A subscription that ended at once (a Sentinel that takes it and drops it)
+                // counts as a failure: otherwise it would be asked again in a tight loop.
+                if began.elapsed() >= HELD_LONG_ENOUGH {
+                    failed_in_a_row = 0;
+                    backoff = Duration::from_millis(100);
+                } else {
+                    failed_in_a_row += 1;
+                }
             }
             None => failed_in_a_row += 1,
         }
