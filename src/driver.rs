@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
-use crate::keys::{self, KeyNames};
+use crate::keys::{self, KeyLayout, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
@@ -31,6 +31,7 @@ pub struct Driver {
 pub(crate) struct Inner {
     pub id: u64,
     pub options: BackendOptions,
+    pub layout: KeyLayout,
     pub link: Arc<RedisLink>,
     pub channel: String,
     pub leases: Registry,
@@ -82,6 +83,7 @@ impl Driver {
         Ok(Self {
             inner: Arc::new(Inner {
                 id,
+                layout: KeyLayout::new(&options.namespace),
                 options,
                 link: Arc::new(link),
                 channel,
@@ -208,7 +210,7 @@ impl Driver {
             return Err(too_many_leases(options.max_tracked_leases));
         }
         let wait_ms = wait_ms.unwrap_or(options.wait_timeout_ms);
-        let keys = Arc::new(KeyNames::new(&options.namespace, key));
+        let keys = Arc::new(inner.layout.names(key));
         let place = inner.lines.join(&keys.hash, wait_ms == 0)?;
         Ok(Admitted {
             _in_progress: in_progress,
