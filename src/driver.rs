@@ -401,8 +401,9 @@ impl Driver {
                 return Ok(false);
             }
             let tracked = this.clone();
-            // Tracked, so shutdown waits for releases in progress.
-            let task = this.inner.tasks.spawn(async move {
+            // Tracked, so shutdown waits for releases in progress. Boxed, as the acquire
+            // attempt is (attempt.rs): the release script's future is large.
+            let task = this.inner.tasks.spawn(Box::pin(async move {
                 let released = tracked.run_release(&lease.keys, &lease.token).await;
                 if released.is_ok() {
                     tracked.inner.leases.remove(lease.id);
@@ -417,7 +418,7 @@ impl Driver {
                     tracked.inner.lines.heard_release(listeners > ours);
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
-            });
+            }));
             this.counted(released_or_internal(task.await))
         }
     }
