@@ -604,7 +604,7 @@ mod tests {
         assert!(d.lease(lease.id).is_some_and(|l| l.valid()));
         let _ = d.shutdown().await;
         assert!(d.lease(lease.id).is_none(), "shutdown released it");
-        assert_eq!(d.release_by_id(lease.id).await.unwrap(), false);
+        assert!(!d.release_by_id(lease.id).await.unwrap(), "released already: false");
         assert_eq!(d.renew_by_id(lease.id).await.unwrap_err().code, LockErrorCode::LeaseExpired);
         assert_eq!(d.stats().errors.iter().find(|(c, _)| *c == LockErrorCode::LeaseExpired).map(|(_, n)| *n), Some(1));
     }
