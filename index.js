@@ -94,31 +94,34 @@ function logAdapter(logger) {
   }
 }
 
+// The native side hands a lease over as `{ id, fence }`; its calls go to the backend by id.
 class Lease {
-  #native
+  #backend
+  #id
   #key
   #namespace
-  constructor(key, namespace, nativeLease) {
+  constructor(key, namespace, backend, nativeLease) {
     this.#key = key
     this.#namespace = namespace
-    this.#native = nativeLease
+    this.#backend = backend
+    this.#id = nativeLease.id
     Object.defineProperty(this, 'fence', { value: nativeLease.fence, enumerable: true })
   }
   get key() {
     return this.#key
   }
   get valid() {
-    return this.#native.valid
+    return this.#backend.leaseValid(this.#id)
   }
   get remainingMs() {
-    return this.#native.remainingMs
+    return this.#backend.leaseRemainingMs(this.#id)
   }
   release() {
     if (!channels.release.hasSubscribers) return this.#release()
     return channels.release.tracePromise(this.#release, { key: this.#key, namespace: this.#namespace, lease: this }, this)
   }
   async #release() {
-    const released = await this.#native.release()
+    const released = await this.#backend.release(this.#id)
     if (typeof released === 'boolean') return released
     throw toLockError(released)
   }
@@ -127,7 +130,7 @@ class Lease {
     return channels.renew.tracePromise(this.#renew, { key: this.#key, namespace: this.#namespace, lease: this }, this)
   }
   async #renew() {
-    const failed = await this.#native.renew()
+    const failed = await this.#backend.renew(this.#id)
     if (failed) throw toLockError(failed)
   }
   // `await using`: release by token unless already released. `false` (no longer ours:
@@ -184,7 +187,7 @@ function createRedisLockDriver(connection, options, logger) {
   }
 
   function leaseOf(key, result, signal) {
-    if (result instanceof native.NativeLease) return new Lease(key, namespace, result)
+    if (typeof result.fence === 'string') return new Lease(key, namespace, backend, result)
     throw toLockError(result, signal)
   }
 

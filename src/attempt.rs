@@ -38,7 +38,9 @@ impl Driver {
     pub(crate) fn spawn_attempt(&self, conn: Conn, keys: Arc<KeyNames>) -> oneshot::Receiver<Attempt> {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        self.inner.tasks.spawn(async move {
+        // Boxed: tokio copies a task's whole future on spawn and again on each change of its
+        // stage; this one (the script, its timeout and the chase of a late reply) is large.
+        self.inner.tasks.spawn(Box::pin(async move {
             if tx.is_closed() {
                 return; // aborted, timed out or shut down before submission: never submitted
             }
@@ -83,7 +85,7 @@ impl Driver {
             if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
                 this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
             }
-        });
+        }));
         rx
     }
 

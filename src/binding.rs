@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 use crate::driver::Driver;
 use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::events;
-use crate::lease::Lease;
 use crate::options::{self, Raw};
 
 mod settle;
@@ -387,7 +386,7 @@ impl NativeDriver {
         wait_timeout_ms: Unknown,
         cancel: Option<&CancelToken>,
     ) -> Result<PromiseRaw<'env, Either<NativeLease, NativeError>>> {
-        let driver = self.driver.clone();
+        let driver = &self.driver;
         let wait_timeout_ms = to_raw(&wait_timeout_ms, 0)?;
         let checked = match key_units(&key)? {
             None => Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must be a string")),
@@ -409,7 +408,7 @@ impl NativeDriver {
                 Err(e) => Err(e),
             };
             match acquired {
-                Ok(lease) => Either::A(NativeLease { driver, lease }),
+                Ok(lease) => Either::A(NativeLease { id: lease.id as i64, fence: lease.fence.clone() }),
                 Err(e) => Either::B(e.into()),
             }
         }, || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)))
@@ -459,33 +458,34 @@ impl Drop for NativeDriver {
     }
 }
 
-#[napi]
+/// A lease crosses as a plain object: its id for the calls below, and its fence. A native
+/// class instance per lease (with a finalizer each) and a getter call for the fence cost
+/// more on the JS thread than the whole key naming (docs/perf/README.md). Ids are exact
+/// as JS numbers (below 2^53) and never reused in a process.
+#[napi(object)]
 pub struct NativeLease {
-    driver: Driver,
-    lease: Arc<Lease>,
+    pub id: i64,
+    pub fence: String,
 }
 
+/// The calls on a lease, by its id. A lease this backend no longer tracks was released
+/// (by `release()` or shutdown): not valid, nothing left, `release()` false.
 #[napi]
-impl NativeLease {
-    #[napi(getter)]
-    pub fn fence(&self) -> String {
-        self.lease.fence.clone()
+impl NativeDriver {
+    #[napi]
+    pub fn lease_valid(&self, id: i64) -> bool {
+        self.driver.lease(id as u64).is_some_and(|lease| lease.valid())
     }
 
-    #[napi(getter)]
-    pub fn valid(&self) -> bool {
-        self.lease.valid()
-    }
-
-    #[napi(getter)]
-    pub fn remaining_ms(&self) -> f64 {
-        self.lease.remaining_ms() as f64
+    #[napi]
+    pub fn lease_remaining_ms(&self, id: i64) -> f64 {
+        self.driver.lease(id as u64).map_or(0.0, |lease| lease.remaining_ms() as f64)
     }
 
     #[napi(ts_return_type = "Promise<boolean | NativeError>")]
-    pub fn release<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
+    pub fn release<'env>(&self, env: &'env Env, id: i64) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
         // Invalid the moment release() is called, before the future runs.
-        let releasing = self.driver.release(&self.lease);
+        let releasing = self.driver.release_by_id(id as u64);
         settle::spawn(env, runtime(), async move {
             match releasing.await {
                 Ok(released) => Either::A(released),
@@ -495,8 +495,8 @@ impl NativeLease {
     }
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]
-    pub fn renew<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
-        let renewing = self.driver.renew(&self.lease);
+    pub fn renew<'env>(&self, env: &'env Env, id: i64) -> Result<PromiseRaw<'env, Option<NativeError>>> {
+        let renewing = self.driver.renew_by_id(id as u64);
         settle::spawn(env, runtime(), async move { renewing.await.err().map(NativeError::from) }, || {
             Some(internal_error("renew", LockErrorCode::OutcomeUnknown))
         })

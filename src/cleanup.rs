@@ -103,7 +103,7 @@ impl Driver {
         let call = ScriptCall {
             script: &scripts::RELEASE,
             keys: vec![keys.lock.clone()],
-            args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.clone()],
+            args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.to_string()],
         };
         let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
         scripts::parse_release(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))

@@ -121,8 +121,12 @@ pub struct ScriptCall {
 
 impl ScriptCall {
     fn command(&self, by_sha: bool) -> redis::Cmd {
-        let mut cmd = if by_sha { redis::cmd("EVALSHA") } else { redis::cmd("EVAL") };
-        cmd.arg(if by_sha { self.script.sha() } else { self.script.source }).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        let (name, script) = if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
+        // Sized up front: grown argument by argument, the command's buffers were reallocated
+        // several times per call on the runtime's thread (docs/perf/README.md).
+        let data = name.len() + script.len() + 20 + self.keys.iter().chain(&self.args).map(String::len).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
+        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         cmd
     }
 }

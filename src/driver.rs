@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
-use crate::keys::{self, KeyNames};
+use crate::keys::{self, KeyLayout, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifier;
 use crate::options::{BackendOptions, ConnectionOptions};
@@ -31,6 +31,7 @@ pub struct Driver {
 pub(crate) struct Inner {
     pub id: u64,
     pub options: BackendOptions,
+    pub layout: KeyLayout,
     pub link: Arc<RedisLink>,
     pub channel: String,
     pub leases: Registry,
@@ -82,6 +83,7 @@ impl Driver {
         Ok(Self {
             inner: Arc::new(Inner {
                 id,
+                layout: KeyLayout::new(&options.namespace),
                 options,
                 link: Arc::new(link),
                 channel,
@@ -208,7 +210,7 @@ impl Driver {
             return Err(too_many_leases(options.max_tracked_leases));
         }
         let wait_ms = wait_ms.unwrap_or(options.wait_timeout_ms);
-        let keys = Arc::new(KeyNames::new(&options.namespace, key));
+        let keys = Arc::new(inner.layout.names(key));
         let place = inner.lines.join(&keys.hash, wait_ms == 0)?;
         Ok(Admitted {
             _in_progress: in_progress,
@@ -399,8 +401,9 @@ impl Driver {
                 return Ok(false);
             }
             let tracked = this.clone();
-            // Tracked, so shutdown waits for releases in progress.
-            let task = this.inner.tasks.spawn(async move {
+            // Tracked, so shutdown waits for releases in progress. Boxed, as the acquire
+            // attempt is (attempt.rs): the release script's future is large.
+            let task = this.inner.tasks.spawn(Box::pin(async move {
                 let released = tracked.run_release(&lease.keys, &lease.token).await;
                 if released.is_ok() {
                     tracked.inner.leases.remove(lease.id);
@@ -415,8 +418,39 @@ impl Driver {
                     tracked.inner.lines.heard_release(listeners > ours);
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
-            });
+            }));
             this.counted(released_or_internal(task.await))
+        }
+    }
+
+    /// A lease handed out by this backend, by id, while it is tracked: until it is released
+    /// (the binding hands leases to JS by id, not as one native object each).
+    pub fn lease(&self, id: u64) -> Option<Arc<Lease>> {
+        self.inner.leases.get(id)
+    }
+
+    /// [`Driver::release`] by lease id. A lease no longer tracked was released already (by
+    /// `release()` or shutdown): false, asking Redis nothing, as a second `release()` does.
+    pub fn release_by_id(&self, id: u64) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
+        let releasing = self.lease(id).map(|lease| self.release(&lease));
+        async move {
+            match releasing {
+                Some(releasing) => releasing.await,
+                None => Ok(false),
+            }
+        }
+    }
+
+    /// [`Driver::renew`] by lease id; a lease no longer tracked was released, so it is no
+    /// longer valid, as [`Driver::renew`] says of it.
+    pub fn renew_by_id(&self, id: u64) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
+        let renewing = self.lease(id).map(|lease| self.renew(&lease));
+        let this = self.clone();
+        async move {
+            match renewing {
+                Some(renewing) => renewing.await,
+                None => this.counted(Err(no_longer_valid())),
+            }
         }
     }
 
@@ -428,7 +462,7 @@ impl Driver {
         let lease = lease.clone();
         async move {
             if !valid {
-                return this.counted(Err(LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid")));
+                return this.counted(Err(no_longer_valid()));
             }
             let renewed = this.renew_valid(&lease).await;
             this.counted(renewed)
@@ -516,6 +550,10 @@ fn released_or_internal(joined: Result<Result<bool, LockError>, tokio::task::Joi
     joined.unwrap_or_else(|_| Err(internal_error("release")))
 }
 
+fn no_longer_valid() -> LockError {
+    LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid")
+}
+
 fn wait_timeout() -> LockError {
     LockError::new(LockErrorCode::WaitTimeout, "the wait for the lock ran out")
 }
@@ -554,6 +592,21 @@ mod tests {
         assert_eq!(err.code, LockErrorCode::ShutDown);
         assert_eq!(d.tracked_leases(), 0, "tracked where shutdown no longer looks");
         assert!(!lease.valid(), "given back (released by token), never handed to the caller");
+    }
+
+    /// Leases cross to JS by id; an id the backend no longer tracks is a released lease.
+    #[tokio::test]
+    async fn a_lease_id_no_longer_tracked_releases_false_and_renews_lease_expired() {
+        let d = nowhere();
+        let now = Instant::now();
+        let lease = Arc::new(Lease::new(Arc::new(KeyNames::new("t", "k")), "0".repeat(32), "1".into(), 10_000, now, now));
+        d.track(lease.clone()).unwrap();
+        assert!(d.lease(lease.id).is_some_and(|l| l.valid()));
+        let _ = d.shutdown().await;
+        assert!(d.lease(lease.id).is_none(), "shutdown released it");
+        assert!(!d.release_by_id(lease.id).await.unwrap(), "released already: false");
+        assert_eq!(d.renew_by_id(lease.id).await.unwrap_err().code, LockErrorCode::LeaseExpired);
+        assert_eq!(d.stats().errors.iter().find(|(c, _)| *c == LockErrorCode::LeaseExpired).map(|(_, n)| *n), Some(1));
     }
 
     #[tokio::test]

@@ -1,5 +1,7 @@
 //! Lock keys: validation and the Redis key layout shared with every driver of a namespace.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::error::{LockError, LockErrorCode};
@@ -9,7 +11,8 @@ use crate::error::{LockError, LockErrorCode};
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyNames {
     /// Lowercase hex SHA-256 of the key's UTF-8; also the release notification payload.
-    pub hash: String,
+    /// Shared (not copied) with the key's wait line.
+    pub hash: Arc<str>,
     /// `<namespace>:lock:{<hash>}`, holds the owner token with PX.
     pub lock: String,
     /// `<namespace>:lock-fence:{<hash>}`, the fencing counter; never expires.
@@ -18,9 +21,37 @@ pub struct KeyNames {
 
 impl KeyNames {
     pub fn new(namespace: &str, key: &str) -> Self {
-        let hash = hex::encode(Sha256::digest(key.as_bytes()));
+        KeyLayout::new(namespace).names(key)
+    }
+}
+
+/// A backend's key name prefixes, built once: naming a key runs on the JS thread for every
+/// acquire (its wait line is keyed by the hash), so it is one digest, a hex encoding on the
+/// stack and one allocation per name (docs/perf/README.md).
+#[derive(Debug, Clone)]
+pub struct KeyLayout {
+    lock: String,
+    fence: String,
+}
+
+impl KeyLayout {
+    pub fn new(namespace: &str) -> Self {
         // The shared hash tag {…} puts both keys in one Cluster slot, so one script can touch both.
-        Self { lock: format!("{namespace}:lock:{{{hash}}}"), fence: format!("{namespace}:lock-fence:{{{hash}}}"), hash }
+        Self { lock: format!("{namespace}:lock:{{"), fence: format!("{namespace}:lock-fence:{{") }
+    }
+
+    pub fn names(&self, key: &str) -> KeyNames {
+        let mut hex = [0u8; 64];
+        hex::encode_to_slice(Sha256::digest(key.as_bytes()), &mut hex).expect("a SHA-256 is 32 bytes, 64 in hex");
+        let hash = std::str::from_utf8(&hex).expect("hex is ASCII");
+        let name = |prefix: &str| {
+            let mut name = String::with_capacity(prefix.len() + hash.len() + 1);
+            name.push_str(prefix);
+            name.push_str(hash);
+            name.push('}');
+            name
+        };
+        KeyNames { lock: name(&self.lock), fence: name(&self.fence), hash: hash.into() }
     }
 }
 
@@ -59,7 +90,7 @@ mod tests {
     fn layout_matches_the_contract() {
         let k = KeyNames::new("svc", "job:1");
         // sha256("job:1")
-        assert_eq!(k.hash, hex::encode(Sha256::digest(b"job:1")));
+        assert_eq!(&*k.hash, hex::encode(Sha256::digest(b"job:1")));
         assert_eq!(k.hash.len(), 64);
         assert!(k.hash.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)));
         assert_eq!(k.lock, format!("svc:lock:{{{}}}", k.hash));
@@ -69,7 +100,7 @@ mod tests {
 
     #[test]
     fn a_known_digest_is_lowercase_hex_of_the_utf8() {
-        assert_eq!(KeyNames::new("n", "abc").hash, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(&*KeyNames::new("n", "abc").hash, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]

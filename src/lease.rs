@@ -202,6 +202,12 @@ impl Registry {
         self.map().map.remove(&id);
     }
 
+    /// A tracked lease by id. Leases leave the registry only once released (by `release()`
+    /// or shutdown), so a lease not found here is a released one.
+    pub fn get(&self, id: u64) -> Option<Arc<Lease>> {
+        self.map().map.get(&id).cloned()
+    }
+
     /// Empties the registry for good (shutdown): later inserts are refused.
     pub fn close(&self) -> Vec<Arc<Lease>> {
         let mut tracked = self.map();

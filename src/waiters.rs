@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use crate::error::{LockError, LockErrorCode};
 
 pub struct Lines {
-    lines: Mutex<HashMap<String, Arc<Line>>>,
+    lines: Mutex<HashMap<Arc<str>, Arc<Line>>>,
     next_ticket: AtomicU64,
     /// Acquires that really wait (see [`Place::mark_waiting`]), and when the last of them
     /// left (`None` while any waits). Uncontended acquires never count: a steady stream of
@@ -53,7 +53,7 @@ pub struct Line {
 /// A waiter's place in its line; leaving (drop) passes the turn on.
 pub struct Place {
     lines: Arc<Lines>,
-    hash: String,
+    hash: Arc<str>,
     pub line: Arc<Line>,
     ticket: u64,
     turn: Arc<Notify>,
@@ -61,15 +61,15 @@ pub struct Place {
 }
 
 impl Lines {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Line>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Line>>> {
         self.lines.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
-    pub fn join(self: &Arc<Self>, hash: &str, only_if_empty: bool) -> Result<Place, LockError> {
+    pub fn join(self: &Arc<Self>, hash: &Arc<str>, only_if_empty: bool) -> Result<Place, LockError> {
         let mut map = self.map();
-        let line = map.entry(hash.to_owned()).or_default().clone();
+        let line = map.entry(hash.clone()).or_default().clone();
         let mut queue = line.queue();
         if only_if_empty && !queue.is_empty() {
             return Err(LockError::new(LockErrorCode::LockBusy, "the lock is busy: this process already waits for it"));
@@ -83,7 +83,7 @@ impl Lines {
         queue.push_back((ticket, turn.clone()));
         drop(queue);
         drop(map);
-        let place = Place { lines: self.clone(), hash: hash.to_owned(), line, ticket, turn, waiting: AtomicBool::new(false) };
+        let place = Place { lines: self.clone(), hash: hash.clone(), line, ticket, turn, waiting: AtomicBool::new(false) };
         if behind_others {
             place.mark_waiting();
         }
@@ -277,9 +277,9 @@ mod tests {
     #[tokio::test]
     async fn waiters_take_turns_in_arrival_order() {
         let lines = Arc::new(Lines::default());
-        let a = lines.join("k", false).unwrap();
-        let b = lines.join("k", false).unwrap();
-        let c = lines.join("k", false).unwrap();
+        let a = lines.join(&"k".into(), false).unwrap();
+        let b = lines.join(&"k".into(), false).unwrap();
+        let c = lines.join(&"k".into(), false).unwrap();
         assert!(is_first(&a).await);
         assert!(!is_first(&b).await);
         drop(a);
@@ -292,9 +292,9 @@ mod tests {
     #[tokio::test]
     async fn leaving_from_the_middle_keeps_the_line_intact() {
         let lines = Arc::new(Lines::default());
-        let a = lines.join("k", false).unwrap();
-        let b = lines.join("k", false).unwrap();
-        let c = lines.join("k", false).unwrap();
+        let a = lines.join(&"k".into(), false).unwrap();
+        let b = lines.join(&"k".into(), false).unwrap();
+        let c = lines.join(&"k".into(), false).unwrap();
         drop(b);
         assert!(!is_first(&c).await, "c must not jump ahead of a");
         drop(a);
@@ -306,9 +306,9 @@ mod tests {
     #[tokio::test]
     async fn zero_wait_never_jumps_a_line_and_keys_have_their_own_lines() {
         let lines = Arc::new(Lines::default());
-        let _a = lines.join("k", false).unwrap();
-        assert_eq!(lines.join("k", true).err().map(|e| e.code), Some(LockErrorCode::LockBusy));
-        let other = lines.join("other", true).unwrap();
+        let _a = lines.join(&"k".into(), false).unwrap();
+        assert_eq!(lines.join(&"k".into(), true).err().map(|e| e.code), Some(LockErrorCode::LockBusy));
+        let other = lines.join(&"other".into(), true).unwrap();
         assert!(is_first(&other).await);
         assert_eq!(lines.waiters(), 2);
     }

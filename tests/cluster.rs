@@ -76,7 +76,7 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
     for key in &keys {
         leases.push(d.acquire(key, Some(0), CancellationToken::new()).await.unwrap());
     }
-    let hashes: Vec<String> = keys.iter().map(|k| dokebi_lock_redis::keys::KeyNames::new("cl", k).hash).collect();
+    let hashes: Vec<String> = keys.iter().map(|k| dokebi_lock_redis::keys::KeyNames::new("cl", k).hash.to_string()).collect();
     let lock_key = |i: usize| format!("cl:lock:{{{}}}", hashes[i]);
     let owners: std::collections::HashSet<usize> = (0..keys.len()).map(|i| cluster.owner(&lock_key(i))).collect();
     assert!(owners.len() > 1, "the keys landed on more than one node");

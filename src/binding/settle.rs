@@ -13,7 +13,9 @@ use std::ffi::c_void;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use napi::bindgen_prelude::*;
@@ -27,6 +29,52 @@ thread_local! {
     // One per JS thread: the main thread and each worker have their own environment.
     static SETTLER: std::cell::RefCell<Option<Handle>> = const { std::cell::RefCell::new(None) };
     static PENDING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Promises of every JS thread whose task has not finished yet: replies are due.
+static DUE: AtomicUsize = AtomicUsize::new(0);
+
+/// How long the runtime's thread stays awake, polling, while a reply is due and after the
+/// last one came (issue 12, target 4): a parked thread is woken by the reply, and again by
+/// the next call (a release right after its acquire), and on an idle VM each wake-up costs
+/// about as much as a Redis round trip. `DOKEBI_LOCK_REDIS_STAY_AWAKE_US` sets it for
+/// experiments; 0 turns it off (docs/decisions/0041, docs/perf/README.md).
+fn stay_awake_for() -> Duration {
+    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::env::var("DOKEBI_LOCK_REDIS_STAY_AWAKE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
+    });
+    Duration::from_micros(*MICROS)
+}
+
+/// With more replies due than this, the thread is busy anyway: polling would only take a
+/// core from Redis and the JS thread.
+const STAY_AWAKE_MAX_DUE: usize = 2;
+
+/// Whether a [`stay_awake`] task runs now (one at a time).
+static AWAKE: AtomicBool = AtomicBool::new(false);
+
+/// Yields in a loop, so every turn polls the I/O driver without blocking: a reply, or a
+/// call spawned from JS, finds the thread awake. Ends `spin` after the last reply, at once
+/// when many are due, and after `20 × spin` of one reply that does not come (a waiter).
+async fn stay_awake(spin: Duration) {
+    let started = Instant::now();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let done = match DUE.load(Ordering::Relaxed) {
+            0 => now >= *idle_since.get_or_insert(now) + spin,
+            due if due > STAY_AWAKE_MAX_DUE => true,
+            _ => {
+                idle_since = None;
+                now >= started + spin * 20
+            }
+        };
+        if done {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    AWAKE.store(false, Ordering::Release);
 }
 
 /// One settlement, made on the JS thread.
@@ -157,6 +205,10 @@ where
     }
     PENDING.with(|p| p.set(p.get() + 1));
     let deferred = deferred as usize;
+    let due = DUE.fetch_add(1, Ordering::Relaxed) + 1;
+    if due <= STAY_AWAKE_MAX_DUE && !stay_awake_for().is_zero() && !AWAKE.swap(true, Ordering::AcqRel) {
+        runtime.spawn(stay_awake(stay_awake_for()));
+    }
     runtime.spawn(async move {
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
             match AssertUnwindSafe(future).catch_unwind().await {
@@ -166,6 +218,7 @@ where
                     Box::new(move |env| unsafe { T::to_napi_value(env, output) })
                 }
             };
+        DUE.fetch_sub(1, Ordering::Relaxed);
         let data = Box::into_raw(Box::new(Settlement { deferred, value }));
         let guard = lock(&handle);
         let queued = match *guard {

@@ -34,7 +34,7 @@ pub fn connection(url: &str, fields: &[(&str, Raw)]) -> Raw {
 
 /// The lowercase SHA-256 hex of a key, as in `<namespace>:lock:{<hex>}`.
 pub fn hash(key: &str) -> String {
-    dokebi_lock_redis::keys::KeyNames::new("x", key).hash
+    dokebi_lock_redis::keys::KeyNames::new("x", key).hash.to_string()
 }
 
 /// The bulk-string payload of a raw RESP reply, or the integer of an integer reply.
