@@ -97,6 +97,14 @@ describe('Redis down before the command', () => {
     assert.equal(await lease.release(), true);
   });
 
+  /**
+   * "Idle": the driver's I/O thread reads the FIN on its own schedule, and a command queued
+   * in the same instant can be written before it does; that narrow window stays
+   * OUTCOME_UNKNOWN (decision 0013) and is not what these rows are about. No public signal
+   * says "the driver noticed", so the dead connection is left idle for a moment.
+   */
+  const leftIdle = () => sleep(100);
+
   test('a connection that died while idle: the next acquire was never sent, so it is PROVIDER_FAILED not-submitted', {
     skip,
   }, async (t) => {
@@ -109,11 +117,7 @@ describe('Redis down before the command', () => {
     proxy.refuse();
     proxy.killAll();
     await closed;
-    // "Idle": the driver's I/O thread reads the FIN on its own schedule, and on a loaded
-    // machine that can come after a command queued at once; that narrow window stays
-    // OUTCOME_UNKNOWN (decision 0013) and is not what this row is about. No public signal
-    // says "the driver noticed", so the connection is left idle for a moment.
-    await sleep(100);
+    await leftIdle();
     const sentBefore = proxy.commands.length;
     const err = await within(2000, failure(d.acquire('k', { waitTimeoutMs: 0 })), 'the acquire');
     assert.equal(proxy.commands.length, sentBefore, 'nothing reached the proxy: the command was surely not submitted');
@@ -132,6 +136,7 @@ describe('Redis down before the command', () => {
     const closed = new Promise((resolve) => proxy.events.once('close', resolve));
     proxy.killAll(); // e.g. a Redis restart or an idle-timeout: the server is back at once
     await closed;
+    await leftIdle();
     const lease = await within(3000, d.acquire('k', { waitTimeoutMs: 2000 }), 'the acquire');
     assert.equal(lease.valid, true);
     assert.equal(await lease.release(), true);
