@@ -235,27 +235,43 @@ async fn lagging_sentinel(primary_port: u16) -> u16 {
     fake_sentinel(primary_port).await.port
 }
 
-/// A stand-in Sentinel on a free port; it counts the connections it has open.
+/// A stand-in Sentinel on a free port that names `primary_port`; it counts the connections
+/// it took and has open, and the subscriptions it confirmed.
 struct FakeSentinel {
     port: u16,
     accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    subscriptions: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// What the stand-in does with `SUBSCRIBE`.
+#[derive(Clone, Copy, PartialEq)]
+enum OnSubscribe {
+    /// Refuses it (no announcements).
+    Refuse,
+    /// Confirms it, then drops the connection at once.
+    ConfirmAndDrop,
 }
 
 /// See [`lagging_sentinel`].
 async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
+    stand_in_sentinel(primary_port, OnSubscribe::Refuse).await
+}
+
+async fn stand_in_sentinel(primary_port: u16, on_subscribe: OnSubscribe) -> FakeSentinel {
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (accepted, open) = (std::sync::Arc::<std::sync::atomic::AtomicUsize>::default(), std::sync::Arc::<std::sync::atomic::AtomicUsize>::default());
-    let counters = (std::sync::Arc::clone(&accepted), std::sync::Arc::clone(&open));
+    let counter = || std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+    let (accepted, open, subscriptions) = (counter(), counter(), counter());
+    let counters = (accepted.clone(), open.clone(), subscriptions.clone());
     tokio::spawn(async move {
-        let (accepted, open) = counters;
+        let (accepted, open, subscriptions) = counters;
         while let Ok((socket, _)) = listener.accept().await {
             accepted.fetch_add(1, Ordering::SeqCst);
             open.fetch_add(1, Ordering::SeqCst);
-            let open = open.clone();
+            let (open, subscriptions) = (open.clone(), subscriptions.clone());
             tokio::spawn(async move {
                 let _closed = Closed(open);
                 let (read, mut write) = socket.into_split();
@@ -268,7 +284,15 @@ async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
                         let _ = lines.next_line().await;
                         words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
                     }
-                    let reply = match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
+                    let command = words.first().map(|w| w.to_ascii_uppercase());
+                    if command.as_deref() == Some("SUBSCRIBE") && on_subscribe == OnSubscribe::ConfirmAndDrop {
+                        subscriptions.fetch_add(1, Ordering::SeqCst);
+                        let channel = words.get(1).cloned().unwrap_or_default();
+                        let confirmed = format!("*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n", channel.len());
+                        let _ = write.write_all(confirmed.as_bytes()).await;
+                        return; // and the connection is gone
+                    }
+                    let reply = match command.as_deref() {
                         Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
                         Some("PING") => "+PONG\r\n".to_owned(),
                         Some("CLIENT") => "+OK\r\n".to_owned(),
@@ -281,52 +305,7 @@ async fn fake_sentinel(primary_port: u16) -> FakeSentinel {
             });
         }
     });
-    FakeSentinel { port, accepted, open }
-}
-
-/// A stand-in Sentinel that names `primary_port` and confirms SUBSCRIBE, then drops the
-/// connection at once; counts the subscriptions it took.
-async fn dropping_sentinel(primary_port: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let subscriptions = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
-    let counter = subscriptions.clone();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let (read, mut write) = socket.into_split();
-                let mut lines = BufReader::new(read).lines();
-                while let Ok(Some(header)) = lines.next_line().await {
-                    let Some(count) = header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else { continue };
-                    let mut words = Vec::new();
-                    for _ in 0..count {
-                        let _ = lines.next_line().await;
-                        words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
-                    }
-                    let reply = match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
-                        Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
-                        Some("SUBSCRIBE") => {
-                            counter.fetch_add(1, Ordering::SeqCst);
-                            let channel = words.get(1).cloned().unwrap_or_default();
-                            let confirmed = format!("*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n", channel.len());
-                            let _ = write.write_all(confirmed.as_bytes()).await;
-                            return; // and the connection is gone
-                        }
-                        Some("PING") => "+PONG\r\n".to_owned(),
-                        Some("CLIENT") => "+OK\r\n".to_owned(),
-                        _ => "-ERR unknown command\r\n".to_owned(),
-                    };
-                    if write.write_all(reply.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (port, subscriptions)
+    FakeSentinel { port, accepted, open, subscriptions }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,7 +315,8 @@ async fn a_sentinel_that_drops_every_subscription_at_once_is_not_asked_again_in_
         return; // needs throwaway servers
     }
     let primary = RedisServer::start();
-    let (port, subscriptions) = dropping_sentinel(port_of(&primary)).await;
+    let dropping = stand_in_sentinel(port_of(&primary), OnSubscribe::ConfirmAndDrop).await;
+    let (port, subscriptions) = (dropping.port, dropping.subscriptions);
     let d = driver(common::url(&format!("redis-sentinel://127.0.0.1:{port}#{MASTER}")), "dropping", &[]);
     let lease = acquire(&d, "k", 0).await.unwrap(); // connected: the watcher starts
     eventually("the watcher to subscribe", Duration::from_secs(5), || subscriptions.load(Ordering::SeqCst) >= 1).await;
