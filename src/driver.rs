@@ -13,7 +13,7 @@ use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::keys::{self, KeyLayout, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
-use crate::notify::Notifier;
+use crate::notify::{sleep_until_opt, Notifier};
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::replicas::Replicas;
 use crate::scripts::{self, ReleaseReply};
@@ -532,17 +532,8 @@ async fn precise_sleep(d: Duration) {
     let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A task of ours ended without an answer (it panicked). The command may have run, so the
-/// outcome is unknown; the message says what happened, not a reply Redis never sent.
-pub(crate) fn internal_error(what: &str) -> LockError {
-    LockError::new(LockErrorCode::OutcomeUnknown, format!("an internal error ended the {what}; its outcome is unknown"))
+fn internal_error(what: &str) -> LockError {
+    LockError::internal(LockErrorCode::OutcomeUnknown, what)
 }
 
 /// The release task's answer; a panic in it is an internal error, not a Redis reply.

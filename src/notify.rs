@@ -265,10 +265,10 @@ async fn primary_switched(switches: &mut Option<tokio::sync::watch::Receiver<u64
         }
     }
     std::future::pending().await
-
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or for ever without one (a `select!` arm that never fires).
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
