@@ -68,15 +68,9 @@ impl From<LockError> for NativeError {
     }
 }
 
-/// A call whose task panicked: the work may or may not have reached Redis, so the outcome is
-/// unknown (decision 0015). Said as what it is, never as a Redis failure.
+/// A call whose task panicked (decision 0015).
 fn internal_error(what: &str, code: LockErrorCode) -> NativeError {
-    NativeError {
-        code: code.as_str().to_owned(),
-        message: format!("an internal error (a panic) ended the {what}; its outcome is unknown"),
-        cause: None,
-        causes: None,
-    }
+    LockError::internal(code, what).into()
 }
 
 /// Test hook, read once: `DOKEBI_LOCK_REDIS_TEST_PANIC=acquire` makes every acquire's task

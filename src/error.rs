@@ -282,6 +282,14 @@ impl LockError {
     pub fn shut_down() -> Self {
         Self::new(LockErrorCode::ShutDown, "the lock driver is shutting down")
     }
+
+    /// A task of ours ended without an answer (it panicked, decision 0015): the work may or
+    /// may not have reached Redis, so the outcome is unknown. Says what happened, never a
+    /// Redis failure that did not happen. `code` is OUTCOME_UNKNOWN but for shutdown's
+    /// CLEANUP_FAILED.
+    pub fn internal(code: LockErrorCode, what: &str) -> Self {
+        Self::new(code, format!("an internal error (a panic) ended the {what}; its outcome is unknown"))
+    }
 }
 
 #[cfg(test)]
