@@ -149,8 +149,8 @@ function createRedisLockDriver(connection, options, logger) {
   const created = native.createDriver(connection, options, logAdapter(logger), !isMainThread)
   if (!(created instanceof native.NativeDriver)) throw toLockError(created)
   const backend = created
-  // Valid: createDriver accepted the same options. Only for tracing-channel contexts.
-  const { namespace } = native.parseBackend(options)
+  // For tracing-channel contexts: read once from the driver, not parsed from the options again.
+  const { namespace } = backend
 
   function acquire(key, acquireOptions) {
     if (!channels.acquire.hasSubscribers) return acquireLease(key, acquireOptions)

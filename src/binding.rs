@@ -417,6 +417,12 @@ impl NativeDriver {
         })
     }
 
+    /// The validated namespace, for the tracing-channel contexts in index.js.
+    #[napi(getter)]
+    pub fn namespace(&self) -> String {
+        self.driver.options().namespace.clone()
+    }
+
     #[napi]
     pub fn stats(&self) -> NativeStats {
         let s = self.driver.stats();
