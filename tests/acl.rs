@@ -11,11 +11,6 @@ use common::{driver, url};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
-/// README.md, "Least privilege", with the namespace `locks`.
-const RULE: &[&str] = &[
-    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
-    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_runs_whole_as_the_least_privileged_user() {
@@ -24,7 +19,7 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     }
     let redis = RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]);
     let mut setuser = vec!["ACL", "SETUSER", "locker"];
-    setuser.extend_from_slice(RULE);
+    setuser.extend_from_slice(common::LEAST_PRIVILEGE_RULE);
     assert!(redis.command(&setuser).starts_with("+OK"));
     let user_url = redis.url().replace("redis://", "redis://locker:s3cret@");
     let d = driver(url(&user_url), "locks", &[("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)]);

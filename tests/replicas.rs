@@ -230,11 +230,6 @@ async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
     d.shutdown().await.unwrap();
 }
 
-/// README.md's least-privilege rule (namespace `locks`), without `+wait`.
-const RULE: &[&str] = &[
-    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
-    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and_leaves_no_lock() {
@@ -244,7 +239,7 @@ async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and
     let (primary, _replica) = primary_and_replica();
     for (user, extra) in [("nowait", None), ("withwait", Some("+wait"))] {
         let mut setuser = vec!["ACL", "SETUSER", user];
-        setuser.extend_from_slice(RULE);
+        setuser.extend_from_slice(common::LEAST_PRIVILEGE_RULE);
         setuser.extend(extra);
         assert!(primary.command(&setuser).starts_with("+OK"));
     }

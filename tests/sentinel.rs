@@ -609,11 +609,6 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     holder.shutdown().await.unwrap();
 }
 
-/// README.md, "Least privilege" for the data nodes (namespace `locks`), plus `+role`.
-const DATA_RULE: &[&str] = &[
-    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
-    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping", "+role",
-];
 /// README.md, "Least privilege" for the Sentinels.
 const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
 
@@ -625,7 +620,9 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
     let (old, new, sentinel) = cluster(&[SENTINEL_RULE]);
     for node in [&old, &new] {
         let mut setuser = vec!["ACL", "SETUSER", "locker"];
-        setuser.extend_from_slice(DATA_RULE);
+        // README.md, "Least privilege" for the data nodes, plus `+role`.
+        setuser.extend_from_slice(common::LEAST_PRIVILEGE_RULE);
+        setuser.push("+role");
         assert!(node.command(&setuser).starts_with("+OK"));
     }
     let url = format!("redis-sentinel://locker:s3cret@127.0.0.1:{}#{MASTER}", sentinel.port());
