@@ -35,7 +35,11 @@ fn may_have_won(reply: &Result<redis::Value, RedisFailure>) -> bool {
 impl Driver {
     /// Runs one acquire script on `conn` in its own task. If the waiter left before the
     /// task got to send it, nothing is sent.
-    pub(crate) fn spawn_attempt(&self, conn: Conn, keys: Arc<KeyNames>) -> oneshot::Receiver<Attempt> {
+    pub(crate) fn spawn_attempt(
+        &self,
+        conn: Conn,
+        keys: Arc<KeyNames>,
+    ) -> oneshot::Receiver<Attempt> {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
         // Boxed: tokio copies a task's whole future on spawn and again on each change of its
@@ -70,7 +74,14 @@ impl Driver {
             let attempt = match reply {
                 Ok(value) => match scripts::parse_acquire(&value) {
                     Some(AcquireReply::Acquired(fence)) => {
-                        let lease = Lease::new(keys.clone(), token.clone(), fence, lease_ms, submitted, answered);
+                        let lease = Lease::new(
+                            keys.clone(),
+                            token.clone(),
+                            fence,
+                            lease_ms,
+                            submitted,
+                            answered,
+                        );
                         this.won(&conn, lease).await
                     }
                     Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
@@ -159,7 +170,10 @@ mod tests {
         let busy = redis::Value::Int(1200);
         assert!(!may_have_won(&Ok(busy)));
         assert!(may_have_won(&Ok(redis::Value::BulkString(b"17".to_vec()))));
-        assert!(may_have_won(&Ok(redis::Value::SimpleString("what".into()))), "an unparseable reply may be a win");
+        assert!(
+            may_have_won(&Ok(redis::Value::SimpleString("what".into()))),
+            "an unparseable reply may be a win"
+        );
         let lost = RedisFailure::new(RedisErrorCode::ConnectionLost, Outcome::Unknown, "lost");
         assert!(may_have_won(&Err(lost)), "a connection reset after a stall may hide a win");
         let rejected = RedisFailure::new(RedisErrorCode::CommandRejected, Outcome::Rejected, "no");

@@ -25,7 +25,6 @@ mod settle;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-
 /// A RedisError-shaped cause, as @dokebi/redis shapes its own.
 #[napi(object)]
 pub struct NativeRedisError {
@@ -63,7 +62,8 @@ impl From<LockError> for NativeError {
             code: e.code.as_str().to_owned(),
             message: e.message,
             cause: e.cause.as_ref().map(NativeRedisError::from),
-            causes: (!e.causes.is_empty()).then(|| e.causes.into_iter().map(NativeError::from).collect()),
+            causes: (!e.causes.is_empty())
+                .then(|| e.causes.into_iter().map(NativeError::from).collect()),
         }
     }
 }
@@ -77,7 +77,8 @@ fn internal_error(what: &str, code: LockErrorCode) -> NativeError {
 /// panic, so the suite can see what a caller gets from a bug. Not an option; unset, it
 /// costs one load of a static.
 fn test_panic(call: &str) -> bool {
-    static PANICS: LazyLock<Option<String>> = LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_TEST_PANIC").ok());
+    static PANICS: LazyLock<Option<String>> =
+        LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_TEST_PANIC").ok());
     PANICS.as_deref().is_some_and(|calls| calls.split(',').any(|c| c == call))
 }
 
@@ -104,12 +105,10 @@ fn to_raw(value: &Unknown, depth: u8) -> Result<Raw> {
         ValueType::Null => Raw::Null,
         ValueType::Boolean => Raw::Bool(unsafe { value.cast::<bool>()? }),
         ValueType::Number => Raw::Number(unsafe { value.cast::<f64>()? }),
-        ValueType::String => {
-            match String::from_utf16(&utf16_units(value)?) {
-                Ok(s) => Raw::String(s),
-                Err(_) => Raw::Other("a malformed string"),
-            }
-        }
+        ValueType::String => match String::from_utf16(&utf16_units(value)?) {
+            Ok(s) => Raw::String(s),
+            Err(_) => Raw::Other("a malformed string"),
+        },
         ValueType::Object if depth < 3 => {
             let object = unsafe { value.cast::<Object>()? };
             if object.is_array()? {
@@ -186,7 +185,14 @@ pub struct LogFields {
 }
 
 /// Weak: a logger must never keep the Node process alive.
-type LogFn = ThreadsafeFunction<FnArgs<(String, LogFields, String)>, (), FnArgs<(String, LogFields, String)>, Status, false, true>;
+type LogFn = ThreadsafeFunction<
+    FnArgs<(String, LogFields, String)>,
+    (),
+    FnArgs<(String, LogFields, String)>,
+    Status,
+    false,
+    true,
+>;
 
 static LOGGERS: LazyLock<Mutex<HashMap<u64, Arc<LogFn>>>> = LazyLock::new(Default::default);
 
@@ -260,7 +266,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for JsLogLayer {
             message: v.cause.get("message").cloned().unwrap_or_default(),
         });
         let fields = LogFields { code: v.code, reason: v.reason, policy: v.policy, cause };
-        logger.call((level.to_owned(), fields, v.message).into(), ThreadsafeFunctionCallMode::NonBlocking);
+        logger.call(
+            (level.to_owned(), fields, v.message).into(),
+            ThreadsafeFunctionCallMode::NonBlocking,
+        );
     }
 }
 
@@ -269,7 +278,9 @@ fn install_log_layer() {
     ONCE.call_once(|| {
         use tracing_subscriber::layer::SubscriberExt;
         // Another global subscriber (an embedding app's) wins; then events go there.
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(JsLogLayer));
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(JsLogLayer),
+        );
     });
 }
 
@@ -281,7 +292,10 @@ fn install_log_layer() {
 /// thread started after that would spawn onto a stopped runtime, its promises never
 /// settling. A static is never dropped, so this one runs until the process exits.
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
+    let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1usize);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name("dokebi-lock-redis")
@@ -333,7 +347,10 @@ pub fn create_driver(
     let created = options::parse_connection(&connection).and_then(|conn| {
         let opts = options::parse_backend(&options)?;
         if conn.name.as_ref().is_some_and(|name| *name != opts.connection) {
-            return Err(LockError::new(LockErrorCode::InvalidOptions, "connection.name must equal options.connection"));
+            return Err(LockError::new(
+                LockErrorCode::InvalidOptions,
+                "connection.name must equal options.connection",
+            ));
         }
         Driver::new(&conn, opts)
     });
@@ -386,35 +403,54 @@ impl NativeDriver {
             None => Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must be a string")),
             Some(units) => driver.validate_key(&units),
         }
-        .and_then(|key| Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?)));
+        .and_then(|key| {
+            Ok((
+                key,
+                options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?,
+            ))
+        });
         // Started here, on the JS thread, so acquires line up in call order.
         // Boxed: the acquire future is about 1 KB, and unboxed it is copied on every move into the task.
         let acquiring = checked.map(|(key, wait_ms)| {
-            Box::pin(driver.acquire(&key, Some(wait_ms), cancel.map(|c| c.token.clone()).unwrap_or_default()))
+            Box::pin(driver.acquire(
+                &key,
+                Some(wait_ms),
+                cancel.map(|c| c.token.clone()).unwrap_or_default(),
+            ))
         });
         let panic_now = test_panic("acquire");
-        settle::spawn(env, runtime(), async move {
-            if panic_now {
-                panic!("DOKEBI_LOCK_REDIS_TEST_PANIC: acquire");
-            }
-            let acquired = match acquiring {
-                Ok(acquiring) => acquiring.await,
-                Err(e) => Err(e),
-            };
-            match acquired {
-                Ok(lease) => Either::A(NativeLease { id: lease.id as i64, fence: lease.fence.clone() }),
-                Err(e) => Either::B(e.into()),
-            }
-        }, || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)))
+        settle::spawn(
+            env,
+            runtime(),
+            async move {
+                if panic_now {
+                    panic!("DOKEBI_LOCK_REDIS_TEST_PANIC: acquire");
+                }
+                let acquired = match acquiring {
+                    Ok(acquiring) => acquiring.await,
+                    Err(e) => Err(e),
+                };
+                match acquired {
+                    Ok(lease) => {
+                        Either::A(NativeLease { id: lease.id as i64, fence: lease.fence.clone() })
+                    }
+                    Err(e) => Either::B(e.into()),
+                }
+            },
+            || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)),
+        )
     }
 
     /// Resolves with nothing, or a `NativeError` (CLEANUP_TIMEOUT / CLEANUP_FAILED).
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn shutdown<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let driver = self.driver.clone();
-        settle::spawn(env, runtime(), async move { driver.shutdown().await.err().map(NativeError::from) }, || {
-            Some(internal_error("shutdown", LockErrorCode::CleanupFailed))
-        })
+        settle::spawn(
+            env,
+            runtime(),
+            async move { driver.shutdown().await.err().map(NativeError::from) },
+            || Some(internal_error("shutdown", LockErrorCode::CleanupFailed)),
+        )
     }
 
     /// The validated namespace, for the tracing-channel contexts in index.js.
@@ -434,7 +470,11 @@ impl NativeDriver {
             subscription: s.subscription.to_owned(),
             redis_attempts: s.redis_attempts as f64,
             notifications_received: s.notifications_received as f64,
-            errors: s.errors.into_iter().map(|(code, n)| (code.as_str().to_owned(), n as f64)).collect(),
+            errors: s
+                .errors
+                .into_iter()
+                .map(|(code, n)| (code.as_str().to_owned(), n as f64))
+                .collect(),
         }
     }
 }
@@ -483,22 +523,38 @@ impl NativeDriver {
     }
 
     #[napi(ts_return_type = "Promise<boolean | NativeError>")]
-    pub fn release<'env>(&self, env: &'env Env, id: i64) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
+    pub fn release<'env>(
+        &self,
+        env: &'env Env,
+        id: i64,
+    ) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
         // Invalid the moment release() is called, before the future runs.
         let releasing = self.driver.release_by_id(id as u64);
-        settle::spawn(env, runtime(), async move {
-            match releasing.await {
-                Ok(released) => Either::A(released),
-                Err(e) => Either::B(e.into()),
-            }
-        }, || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)))
+        settle::spawn(
+            env,
+            runtime(),
+            async move {
+                match releasing.await {
+                    Ok(released) => Either::A(released),
+                    Err(e) => Either::B(e.into()),
+                }
+            },
+            || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)),
+        )
     }
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]
-    pub fn renew<'env>(&self, env: &'env Env, id: i64) -> Result<PromiseRaw<'env, Option<NativeError>>> {
+    pub fn renew<'env>(
+        &self,
+        env: &'env Env,
+        id: i64,
+    ) -> Result<PromiseRaw<'env, Option<NativeError>>> {
         let renewing = self.driver.renew_by_id(id as u64);
-        settle::spawn(env, runtime(), async move { renewing.await.err().map(NativeError::from) }, || {
-            Some(internal_error("renew", LockErrorCode::OutcomeUnknown))
-        })
+        settle::spawn(
+            env,
+            runtime(),
+            async move { renewing.await.err().map(NativeError::from) },
+            || Some(internal_error("renew", LockErrorCode::OutcomeUnknown)),
+        )
     }
 }

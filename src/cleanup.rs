@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::connection::ScriptCall;
 use crate::driver::Driver;
 use crate::error::{LockError, Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;
 use crate::scripts::{self, ReleaseReply};
-use crate::connection::ScriptCall;
 
 /// The pause between tries of a background release: pollIntervalMs, doubling up to 1 s.
 pub(crate) struct Backoff {
@@ -79,14 +79,22 @@ impl Driver {
     /// Releases `token`, trying again while the failure may pass (unknown outcome, no
     /// connection, a stalled server) until the key has surely expired in Redis (`gone_by`).
     /// Safe to repeat: the script deletes only our own token.
-    pub(crate) async fn clean_up(&self, keys: &KeyNames, token: &str, gone_by: Instant) -> Result<bool, LockError> {
+    pub(crate) async fn clean_up(
+        &self,
+        keys: &KeyNames,
+        token: &str,
+        gone_by: Instant,
+    ) -> Result<bool, LockError> {
         let mut backoff = self.backoff();
         loop {
             let err = match self.release_token(keys, token).await {
                 Ok(released) => return Ok(released),
                 Err(err) => err,
             };
-            let may_pass = err.cause.as_ref().is_some_and(|c| c.outcome == Outcome::Unknown || c.rides_out_waiting());
+            let may_pass = err
+                .cause
+                .as_ref()
+                .is_some_and(|c| c.outcome == Outcome::Unknown || c.rides_out_waiting());
             if !may_pass || Instant::now() + backoff.peek() >= gone_by {
                 return Err(err);
             }
@@ -95,17 +103,26 @@ impl Driver {
     }
 
     /// One release script for `token`: true when it deleted our key.
-    pub(crate) async fn release_token(&self, keys: &KeyNames, token: &str) -> Result<bool, LockError> {
+    pub(crate) async fn release_token(
+        &self,
+        keys: &KeyNames,
+        token: &str,
+    ) -> Result<bool, LockError> {
         Ok(matches!(self.run_release(keys, token).await?, ReleaseReply::Deleted { .. }))
     }
 
-    pub(crate) async fn run_release(&self, keys: &KeyNames, token: &str) -> Result<ReleaseReply, LockError> {
+    pub(crate) async fn run_release(
+        &self,
+        keys: &KeyNames,
+        token: &str,
+    ) -> Result<ReleaseReply, LockError> {
         let call = ScriptCall {
             script: &scripts::RELEASE,
             keys: vec![keys.lock.clone()],
             args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.to_string()],
         };
         let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
-        scripts::parse_release(&value).ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
+        scripts::parse_release(&value)
+            .ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))
     }
 }

@@ -79,10 +79,15 @@ struct NodeClients {
 
 impl NodeClients {
     fn new(info: redis::ConnectionInfo, tls: Option<&TlsOptions>) -> redis::RedisResult<Self> {
-        let info_resp3 = info.clone().set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
+        let info_resp3 = info
+            .clone()
+            .set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
         Ok(match tls {
             None => Self { resp2: Client::open(info)?, resp3: Client::open(info_resp3)? },
-            Some(tls) => Self { resp2: Client::build_with_tls(info, certificates(tls))?, resp3: Client::build_with_tls(info_resp3, certificates(tls))? },
+            Some(tls) => Self {
+                resp2: Client::build_with_tls(info, certificates(tls))?,
+                resp3: Client::build_with_tls(info_resp3, certificates(tls))?,
+            },
         })
     }
 }
@@ -121,10 +126,14 @@ pub struct ScriptCall {
 
 impl ScriptCall {
     fn command(&self, by_sha: bool) -> redis::Cmd {
-        let (name, script) = if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
+        let (name, script) =
+            if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
         // Sized up front: grown argument by argument, the command's buffers were reallocated
         // several times per call on the runtime's thread (docs/perf/README.md).
-        let data = name.len() + script.len() + 20 + self.keys.iter().chain(&self.args).map(String::len).sum::<usize>();
+        let data = name.len()
+            + script.len()
+            + 20
+            + self.keys.iter().chain(&self.args).map(String::len).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
         cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         cmd
@@ -141,8 +150,9 @@ impl RedisLink {
         if let Some(tls) = &options.tls {
             check_pems(tls)?;
         }
-        Self::build(options, driver_id)
-            .map_err(|_| LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL"))
+        Self::build(options, driver_id).map_err(|_| {
+            LockError::new(LockErrorCode::InvalidOptions, "connection.url is not a valid Redis URL")
+        })
     }
 
     fn build(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
@@ -150,19 +160,33 @@ impl RedisLink {
         let command_timeout = Duration::from_millis(options.command_timeout_ms.into());
         let target = match &options.sentinel {
             Some(sentinel_url) => {
-                let auth = SentinelAuth { username: options.sentinel_username.as_deref(), password: options.sentinel_password.as_deref() };
+                let auth = SentinelAuth {
+                    username: options.sentinel_username.as_deref(),
+                    password: options.sentinel_password.as_deref(),
+                };
                 let open = |info| match &options.tls {
                     None => Client::open(info),
                     Some(tls) => Client::build_with_tls(info, certificates(tls)),
                 };
-                Target::Sentinel(Arc::new(Sentinel::new(sentinel_url.clone(), auth, open, connect_timeout, command_timeout)?))
+                Target::Sentinel(Arc::new(Sentinel::new(
+                    sentinel_url.clone(),
+                    auth,
+                    open,
+                    connect_timeout,
+                    command_timeout,
+                )?))
             }
-            None => Target::Fixed(Box::new(NodeClients::new(options.url.as_str().into_connection_info()?, options.tls.as_ref())?)),
+            None => Target::Fixed(Box::new(NodeClients::new(
+                options.url.as_str().into_connection_info()?,
+                options.tls.as_ref(),
+            )?)),
         };
         let cluster = if options.cluster {
             // No retries: redis-rs would resend a command after an I/O error, and a command
             // with an unsettled outcome is never retried (redirects are handled in `eval`).
-            let mut builder = ClusterClient::builder(vec![options.url.as_str()]).retries(0).connection_timeout(connect_timeout);
+            let mut builder = ClusterClient::builder(vec![options.url.as_str()])
+                .retries(0)
+                .connection_timeout(connect_timeout);
             if let Some(certificates) = options.tls.as_ref().map(certificates) {
                 builder = builder.certs(certificates);
             }
@@ -172,7 +196,9 @@ impl RedisLink {
         };
         // Replies are timed here, not by redis-rs: a late reply must still reach us so an
         // acquire that succeeded after its caller gave up can be cleaned up.
-        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
         Ok(Self {
             target,
             tls: options.tls.clone(),
@@ -239,7 +265,13 @@ impl RedisLink {
                         result
                     });
                     let attempt = async move {
-                        task.await.unwrap_or_else(|_| Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "an internal error ended the connect")))
+                        task.await.unwrap_or_else(|_| {
+                            Err(RedisFailure::new(
+                                RedisErrorCode::ConnectionFailed,
+                                Outcome::NotSubmitted,
+                                "an internal error ended the connect",
+                            ))
+                        })
                     }
                     .boxed()
                     .shared();
@@ -266,8 +298,23 @@ impl RedisLink {
         let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
             match (&self.target, &self.cluster) {
-                (_, Some(cluster)) => Ok((Handle::Cluster(cluster.get_async_connection().await.map_err(|e| RedisFailure::connect(&e))?), 0)),
-                (Target::Fixed(node), None) => Ok((Handle::Single(self.open_single(node, &closed).await.map_err(|e| RedisFailure::connect(&e))?), 0)),
+                (_, Some(cluster)) => Ok((
+                    Handle::Cluster(
+                        cluster
+                            .get_async_connection()
+                            .await
+                            .map_err(|e| RedisFailure::connect(&e))?,
+                    ),
+                    0,
+                )),
+                (Target::Fixed(node), None) => Ok((
+                    Handle::Single(
+                        self.open_single(node, &closed)
+                            .await
+                            .map_err(|e| RedisFailure::connect(&e))?,
+                    ),
+                    0,
+                )),
                 (Target::Sentinel(sentinel), None) => self.open_primary(sentinel, &closed).await,
             }
         };
@@ -284,7 +331,11 @@ impl RedisLink {
 
     /// The primary Sentinel names, confirmed by ROLE on the connection that will carry the
     /// commands. Asked again when the primary changed while this connected.
-    async fn open_primary(&self, sentinel: &Arc<Sentinel>, closed: &Arc<AtomicBool>) -> Result<(Handle, u64), RedisFailure> {
+    async fn open_primary(
+        &self,
+        sentinel: &Arc<Sentinel>,
+        closed: &Arc<AtomicBool>,
+    ) -> Result<(Handle, u64), RedisFailure> {
         loop {
             let began = sentinel.epoch();
             let address = sentinel.primary_address().await?;
@@ -292,7 +343,8 @@ impl RedisLink {
                 .node_info(&address)
                 .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
                 .map_err(|e| RedisFailure::connect(&e))?;
-            let mut conn = self.open_single(&node, closed).await.map_err(|e| RedisFailure::connect(&e))?;
+            let mut conn =
+                self.open_single(&node, closed).await.map_err(|e| RedisFailure::connect(&e))?;
             sentinel::confirm_primary(&mut conn).await?;
             if let Some(epoch) = sentinel.confirm(began, &address) {
                 sentinel.watch();
@@ -302,7 +354,11 @@ impl RedisLink {
     }
 
     /// A RESP3 connection that announces its own end, or RESP2 where the server has no HELLO.
-    async fn open_single(&self, node: &NodeClients, closed: &Arc<AtomicBool>) -> redis::RedisResult<MultiplexedConnection> {
+    async fn open_single(
+        &self,
+        node: &NodeClients,
+        closed: &Arc<AtomicBool>,
+    ) -> redis::RedisResult<MultiplexedConnection> {
         if !self.resp2_only.load(Ordering::Acquire) {
             let flag = closed.clone();
             let config = self.config.clone().set_push_sender(move |push: redis::PushInfo| {
@@ -358,13 +414,17 @@ impl RedisLink {
     /// A dedicated connection subscribed to `channel`, confirmed by the server.
     /// With Sentinel: on the node Sentinel names now (no ROLE check: a subscription on the
     /// wrong node only misses notifications, and it moves at the next change of primary).
-    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
+    pub async fn subscribe(
+        &self,
+        channel: &str,
+    ) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
         let resolved = AtomicBool::new(matches!(self.target, Target::Fixed(_)));
         let connect = async {
             let client = match &self.target {
                 Target::Fixed(node) => node.resp2.clone(),
                 Target::Sentinel(sentinel) => {
-                    let address = sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;
+                    let address =
+                        sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;
                     let node = sentinel
                         .node_info(&address)
                         .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
@@ -373,7 +433,10 @@ impl RedisLink {
                     node.resp2
                 }
             };
-            let mut pubsub = client.get_async_pubsub().await.map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+            let mut pubsub = client
+                .get_async_pubsub()
+                .await
+                .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
             pubsub.subscribe(channel).await.map_err(|e| {
                 let failure = RedisFailure::command(&e);
                 if refuses_subscribe(&e) {
@@ -384,10 +447,15 @@ impl RedisLink {
             })?;
             Ok(pubsub.into_on_message())
         };
-        let outcome = tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await;
+        let outcome =
+            tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await;
         outcome.unwrap_or_else(|_| {
             let failure = RedisFailure::connect_timeout();
-            Err(if resolved.load(Ordering::Acquire) { SubscribeFailure::Failed(failure) } else { SubscribeFailure::NoPrimary(failure) })
+            Err(if resolved.load(Ordering::Acquire) {
+                SubscribeFailure::Failed(failure)
+            } else {
+                SubscribeFailure::NoPrimary(failure)
+            })
         })
     }
 
@@ -398,8 +466,16 @@ impl RedisLink {
             // Known dead (or no longer to the primary) before anything was handed to it:
             // nothing was sent.
             self.forget(conn);
-            let message = if conn.is_closed() { "the connection to Redis had closed" } else { "the primary changed before the command was sent" };
-            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message));
+            let message = if conn.is_closed() {
+                "the connection to Redis had closed"
+            } else {
+                "the primary changed before the command was sent"
+            };
+            return Err(RedisFailure::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                message,
+            ));
         }
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
@@ -419,7 +495,9 @@ impl RedisLink {
             self.forget(conn);
         }
         // A demoted primary refuses writes: ask Sentinel where the primary went.
-        if matches!(&self.target, Target::Sentinel(_)) && matches!(&reply, Err(f) if f.server_code.as_deref() == Some("READONLY")) {
+        if matches!(&self.target, Target::Sentinel(_))
+            && matches!(&reply, Err(f) if f.server_code.as_deref() == Some("READONLY"))
+        {
             self.forget(conn);
         }
         reply
@@ -432,8 +510,16 @@ impl RedisLink {
     pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
         if self.is_stale(conn) {
             self.forget(conn);
-            let message = if conn.is_closed() { "the connection to Redis had closed" } else { "the primary changed before the command was sent" };
-            return Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message));
+            let message = if conn.is_closed() {
+                "the connection to Redis had closed"
+            } else {
+                "the primary changed before the command was sent"
+            };
+            return Err(RedisFailure::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                message,
+            ));
         }
         let reply = send(&mut conn.inner.clone(), cmd).await;
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
@@ -444,12 +530,18 @@ impl RedisLink {
 
     /// Connects if needed, then runs the script within commandTimeoutMs. Also returns the
     /// moment the command was submitted, where lease deadlines start.
-    pub async fn run(self: &Arc<Self>, call: &ScriptCall) -> Result<(Value, Instant), RedisFailure> {
+    pub async fn run(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+    ) -> Result<(Value, Instant), RedisFailure> {
         self.run_on(call).await.map(|(value, submitted, _)| (value, submitted))
     }
 
     /// [`run`](Self::run), also returning the connection that ran it (for WAIT, issue 11).
-    pub async fn run_on(self: &Arc<Self>, call: &ScriptCall) -> Result<(Value, Instant, Conn), RedisFailure> {
+    pub async fn run_on(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+    ) -> Result<(Value, Instant, Conn), RedisFailure> {
         let conn = self.connection().await?;
         let submitted = Instant::now();
         match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
@@ -492,7 +584,9 @@ pub enum SubscribeFailure {
 fn refuses_subscribe(err: &redis::RedisError) -> bool {
     match err.code() {
         Some("NOPERM") => true,
-        Some("ERR") => err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        Some("ERR") => {
+            err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+        }
         _ => false,
     }
 }
@@ -500,7 +594,9 @@ fn refuses_subscribe(err: &redis::RedisError) -> bool {
 fn is_no_resp3(err: &redis::RedisError) -> bool {
     match err.code() {
         Some("NOPROTO") => true,
-        Some("ERR") => err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command")),
+        Some("ERR") => {
+            err.detail().is_some_and(|d| d.to_ascii_lowercase().contains("unknown command"))
+        }
         _ => false,
     }
 }
@@ -520,7 +616,10 @@ fn check_pems(tls: &TlsOptions) -> Result<(), LockError> {
         parsed.is_ok_and(|certs| !certs.is_empty())
     };
     let bad = |field: &str, what: &str| {
-        Err(LockError::new(LockErrorCode::InvalidOptions, format!("connection.tls.{field} is not {what}")))
+        Err(LockError::new(
+            LockErrorCode::InvalidOptions,
+            format!("connection.tls.{field} is not {what}"),
+        ))
     };
     if tls.ca.as_deref().is_some_and(|ca| !certificates(ca) || !trust_anchors(ca)) {
         return bad("ca", "a valid PEM certificate");
@@ -528,7 +627,8 @@ fn check_pems(tls: &TlsOptions) -> Result<(), LockError> {
     if tls.cert.as_deref().is_some_and(|cert| !certificates(cert)) {
         return bad("cert", "a valid PEM certificate");
     }
-    if tls.key.as_deref().is_some_and(|key| PrivateKeyDer::from_pem_slice(key.as_bytes()).is_err()) {
+    if tls.key.as_deref().is_some_and(|key| PrivateKeyDer::from_pem_slice(key.as_bytes()).is_err())
+    {
         return bad("key", "a valid PEM private key");
     }
     Ok(())
@@ -538,15 +638,17 @@ fn check_pems(tls: &TlsOptions) -> Result<(), LockError> {
 fn trust_anchors(ca: &str) -> bool {
     use rustls::pki_types::pem::PemObject;
     let mut store = rustls::RootCertStore::empty();
-    rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()).all(|cert| cert.is_ok_and(|c| store.add(c).is_ok()))
+    rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes())
+        .all(|cert| cert.is_ok_and(|c| store.add(c).is_ok()))
 }
 
 fn certificates(tls: &TlsOptions) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: match (&tls.cert, &tls.key) {
-            (Some(cert), Some(key)) => {
-                Some(redis::ClientTlsConfig { client_cert: cert.as_bytes().to_vec(), client_key: key.as_bytes().to_vec() })
-            }
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: cert.as_bytes().to_vec(),
+                client_key: key.as_bytes().to_vec(),
+            }),
             _ => None,
         },
         root_cert: tls.ca.as_ref().map(|ca| ca.as_bytes().to_vec()),
@@ -567,7 +669,9 @@ async fn check_eviction_policy(link: Arc<RedisLink>, conn: Handle) {
         let mut conn = match conn {
             Handle::Single(conn) => conn,
             Handle::Cluster(_) => match &link.target {
-                Target::Fixed(node) => node.resp2.get_multiplexed_async_connection_with_config(&link.config).await?,
+                Target::Fixed(node) => {
+                    node.resp2.get_multiplexed_async_connection_with_config(&link.config).await?
+                }
                 Target::Sentinel(_) => return Ok(String::new()),
             },
         };

@@ -75,7 +75,10 @@ impl Driver {
         let link = RedisLink::new(connection, id)?;
         // A Cluster cannot promise WAIT runs on the node connection that wrote (decision 0025).
         if options.min_replicas > 0 && connection.cluster {
-            return Err(LockError::new(LockErrorCode::InvalidOptions, "options.minReplicas needs a single Redis, not connection.cluster"));
+            return Err(LockError::new(
+                LockErrorCode::InvalidOptions,
+                "options.minReplicas needs a single Redis, not connection.cluster",
+            ));
         }
         let replicas = Replicas::new(&options, link.command_timeout);
         let channel = keys::released_channel(&options.namespace);
@@ -196,7 +199,12 @@ impl Driver {
         }
     }
 
-    fn admit(&self, key: &str, wait_ms: Option<u32>, cancel: &CancellationToken) -> Result<Admitted, LockError> {
+    fn admit(
+        &self,
+        key: &str,
+        wait_ms: Option<u32>,
+        cancel: &CancellationToken,
+    ) -> Result<Admitted, LockError> {
         let inner = &self.inner;
         let options = &inner.options;
         if inner.stopping.is_cancelled() {
@@ -221,7 +229,11 @@ impl Driver {
         })
     }
 
-    async fn wait_and_acquire(&self, admitted: Admitted, cancel: CancellationToken) -> Result<Arc<Lease>, LockError> {
+    async fn wait_and_acquire(
+        &self,
+        admitted: Admitted,
+        cancel: CancellationToken,
+    ) -> Result<Arc<Lease>, LockError> {
         let inner = &self.inner;
         let options = &inner.options;
         let Admitted { place, keys, wait_ms, deadline, .. } = &admitted;
@@ -253,7 +265,8 @@ impl Driver {
                 skip_attempt = false;
                 place.mark_waiting();
                 inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
-                let delay = self.safety_interval().min(deadline.saturating_duration_since(Instant::now()));
+                let delay =
+                    self.safety_interval().min(deadline.saturating_duration_since(Instant::now()));
                 self.pause(place, delay, &cancel).await?;
                 continue;
             }
@@ -268,7 +281,11 @@ impl Driver {
                 })
                 .await?;
             let attempt = match connected {
-                None => return Err(last_failure.map(LockError::from_redis).unwrap_or_else(wait_timeout)),
+                None => {
+                    return Err(last_failure
+                        .map(LockError::from_redis)
+                        .unwrap_or_else(wait_timeout))
+                }
                 Some(Err(failure)) => Attempt::Failed(failure),
                 Some(Ok(conn)) => {
                     let mut reply = self.spawn_attempt(conn, keys.clone());
@@ -290,7 +307,10 @@ impl Driver {
                     return self.track(lease);
                 }
                 Attempt::Busy(_) if wait_ms == 0 => {
-                    return Err(LockError::new(LockErrorCode::LockBusy, "the lock is held by another owner"))
+                    return Err(LockError::new(
+                        LockErrorCode::LockBusy,
+                        "the lock is held by another owner",
+                    ))
                 }
                 Attempt::Busy(pttl) => {
                     last_failure = None;
@@ -300,7 +320,9 @@ impl Driver {
                     match pttl {
                         // Expired or gone in between: try again at once.
                         Some(0) | Some(-2) => Duration::ZERO,
-                        Some(ms) if ms > 0 => Duration::from_millis(ms as u64).min(self.safety_interval()),
+                        Some(ms) if ms > 0 => {
+                            Duration::from_millis(ms as u64).min(self.safety_interval())
+                        }
                         // No expiry (-1) or an old script's nil: only the safety interval is known.
                         _ => self.safety_interval(),
                     }
@@ -324,7 +346,11 @@ impl Driver {
     }
 
     /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
-    async fn unless_stopped<T>(&self, cancel: &CancellationToken, work: impl Future<Output = T>) -> Result<T, LockError> {
+    async fn unless_stopped<T>(
+        &self,
+        cancel: &CancellationToken,
+        work: impl Future<Output = T>,
+    ) -> Result<T, LockError> {
         tokio::select! {
             biased;
             _ = self.inner.stopping.cancelled() => Err(LockError::shut_down()),
@@ -334,7 +360,12 @@ impl Driver {
     }
 
     /// Sleeps up to `delay`, or until a release of the key is announced.
-    async fn pause(&self, place: &Place, delay: Duration, cancel: &CancellationToken) -> Result<(), LockError> {
+    async fn pause(
+        &self,
+        place: &Place,
+        delay: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<(), LockError> {
         let woken = self
             .unless_stopped(cancel, async {
                 tokio::select! {
@@ -368,7 +399,11 @@ impl Driver {
     /// notifications are live, pollIntervalMs otherwise.
     fn safety_interval(&self) -> Duration {
         let options = &self.inner.options;
-        let ms = if self.inner.notify.is_live() { options.notify_poll_interval_ms } else { options.poll_interval_ms };
+        let ms = if self.inner.notify.is_live() {
+            options.notify_poll_interval_ms
+        } else {
+            options.poll_interval_ms
+        };
         Duration::from_millis(ms.into())
     }
 
@@ -389,7 +424,10 @@ impl Driver {
     /// `lease.release()`: true when this call deleted our key, false when it was no longer
     /// ours. Invalid from the moment it is called (not when the future is polled); a second
     /// call asks Redis nothing.
-    pub fn release(&self, lease: &Arc<Lease>) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
+    pub fn release(
+        &self,
+        lease: &Arc<Lease>,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
         let first = lease.mark_released();
         if first {
             self.inner.lines.releasing(&lease.keys.hash);
@@ -431,7 +469,10 @@ impl Driver {
 
     /// [`Driver::release`] by lease id. A lease no longer tracked was released already (by
     /// `release()` or shutdown): false, asking Redis nothing, as a second `release()` does.
-    pub fn release_by_id(&self, id: u64) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
+    pub fn release_by_id(
+        &self,
+        id: u64,
+    ) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
         let releasing = self.lease(id).map(|lease| self.release(&lease));
         async move {
             match releasing {
@@ -443,7 +484,10 @@ impl Driver {
 
     /// [`Driver::renew`] by lease id; a lease no longer tracked was released, so it is no
     /// longer valid, as [`Driver::renew`] says of it.
-    pub fn renew_by_id(&self, id: u64) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
+    pub fn renew_by_id(
+        &self,
+        id: u64,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
         let renewing = self.lease(id).map(|lease| self.renew(&lease));
         let this = self.clone();
         async move {
@@ -456,7 +500,10 @@ impl Driver {
 
     /// `lease.renew()`: extends to leaseMs from this renew's submission. Whether the lease
     /// is still valid locally is decided when this is called.
-    pub fn renew(&self, lease: &Arc<Lease>) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
+    pub fn renew(
+        &self,
+        lease: &Arc<Lease>,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'static {
         let valid = lease.valid();
         let this = self.clone();
         let lease = lease.clone();
@@ -498,16 +545,21 @@ impl Driver {
         match scripts::parse_flag(&value) {
             Some(true) => match lease.extend(submitted, answered) {
                 Ok(()) => Ok(()),
-                Err(NotExtended::Released) => {
-                    Err(LockError::new(LockErrorCode::LeaseExpired, "the lease was released while the renew was in flight"))
-                }
-                Err(NotExtended::Expired) => {
-                    Err(LockError::new(LockErrorCode::LeaseExpired, "the renew was confirmed after the lease expired"))
-                }
+                Err(NotExtended::Released) => Err(LockError::new(
+                    LockErrorCode::LeaseExpired,
+                    "the lease was released while the renew was in flight",
+                )),
+                Err(NotExtended::Expired) => Err(LockError::new(
+                    LockErrorCode::LeaseExpired,
+                    "the renew was confirmed after the lease expired",
+                )),
             },
             Some(false) => {
                 lease.invalidate();
-                Err(LockError::new(LockErrorCode::LeaseLost, "the lock is no longer held by this lease"))
+                Err(LockError::new(
+                    LockErrorCode::LeaseLost,
+                    "the lock is no longer held by this lease",
+                ))
             }
             None => {
                 lease.invalidate();
@@ -537,7 +589,9 @@ fn internal_error(what: &str) -> LockError {
 }
 
 /// The release task's answer; a panic in it is an internal error, not a Redis reply.
-fn released_or_internal(joined: Result<Result<bool, LockError>, tokio::task::JoinError>) -> Result<bool, LockError> {
+fn released_or_internal(
+    joined: Result<Result<bool, LockError>, tokio::task::JoinError>,
+) -> Result<bool, LockError> {
     joined.unwrap_or_else(|_| Err(internal_error("release")))
 }
 
@@ -550,7 +604,10 @@ fn wait_timeout() -> LockError {
 }
 
 fn too_many_leases(max: u32) -> LockError {
-    LockError::new(LockErrorCode::TooManyLeases, format!("maxTrackedLeases ({max}) leases are already tracked"))
+    LockError::new(
+        LockErrorCode::TooManyLeases,
+        format!("maxTrackedLeases ({max}) leases are already tracked"),
+    )
 }
 
 #[cfg(test)]
@@ -578,7 +635,14 @@ mod tests {
         let d = nowhere();
         let _ = d.shutdown().await;
         let now = Instant::now();
-        let lease = Arc::new(Lease::new(Arc::new(KeyNames::new("t", "k")), "0".repeat(32), "1".into(), 10_000, now, now));
+        let lease = Arc::new(Lease::new(
+            Arc::new(KeyNames::new("t", "k")),
+            "0".repeat(32),
+            "1".into(),
+            10_000,
+            now,
+            now,
+        ));
         let err = d.track(lease.clone()).unwrap_err();
         assert_eq!(err.code, LockErrorCode::ShutDown);
         assert_eq!(d.tracked_leases(), 0, "tracked where shutdown no longer looks");
@@ -590,19 +654,34 @@ mod tests {
     async fn a_lease_id_no_longer_tracked_releases_false_and_renews_lease_expired() {
         let d = nowhere();
         let now = Instant::now();
-        let lease = Arc::new(Lease::new(Arc::new(KeyNames::new("t", "k")), "0".repeat(32), "1".into(), 10_000, now, now));
+        let lease = Arc::new(Lease::new(
+            Arc::new(KeyNames::new("t", "k")),
+            "0".repeat(32),
+            "1".into(),
+            10_000,
+            now,
+            now,
+        ));
         d.track(lease.clone()).unwrap();
         assert!(d.lease(lease.id).is_some_and(|l| l.valid()));
         let _ = d.shutdown().await;
         assert!(d.lease(lease.id).is_none(), "shutdown released it");
         assert!(!d.release_by_id(lease.id).await.unwrap(), "released already: false");
         assert_eq!(d.renew_by_id(lease.id).await.unwrap_err().code, LockErrorCode::LeaseExpired);
-        assert_eq!(d.stats().errors.iter().find(|(c, _)| *c == LockErrorCode::LeaseExpired).map(|(_, n)| *n), Some(1));
+        assert_eq!(
+            d.stats()
+                .errors
+                .iter()
+                .find(|(c, _)| *c == LockErrorCode::LeaseExpired)
+                .map(|(_, n)| *n),
+            Some(1)
+        );
     }
 
     #[tokio::test]
     async fn a_panicking_release_task_says_an_internal_error_happened() {
-        let joined = tokio::spawn(async { panic!("a bug") }).await.map(|()| Ok::<bool, LockError>(true));
+        let joined =
+            tokio::spawn(async { panic!("a bug") }).await.map(|()| Ok::<bool, LockError>(true));
         let err = released_or_internal(joined).unwrap_err();
         assert_eq!(err.code, LockErrorCode::OutcomeUnknown);
         assert!(err.message.contains("internal error"), "{}", err.message);

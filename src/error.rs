@@ -124,12 +124,22 @@ pub struct RedisFailure {
 /// Server error codes after which the same command may succeed later (contract: 503).
 /// NOREPLICAS: too few replicas, from Redis's `min-replicas-to-write` or from our own WAIT
 /// (decision 0026); replicas come back.
-const TRANSIENT_SERVER_CODES: [&str; 5] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS"];
+const TRANSIENT_SERVER_CODES: [&str; 5] =
+    ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "NOREPLICAS"];
 /// Server error codes a waiting acquire rides out until its wait ends: the contract's list,
 /// plus a Cluster's redirections and outages, which also surely had no effect (decision 0009),
 /// plus too few replicas (decision 0026).
-const RIDE_OUT_SERVER_CODES: [&str; 9] =
-    ["LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "MOVED", "ASK", "CLUSTERDOWN", "NOREPLICAS"];
+const RIDE_OUT_SERVER_CODES: [&str; 9] = [
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "OOM",
+    "MOVED",
+    "ASK",
+    "CLUSTERDOWN",
+    "NOREPLICAS",
+];
 /// Refused credentials or permissions: waiting cannot fix them.
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 
@@ -147,11 +157,20 @@ impl RedisFailure {
             None if err.is_timeout() => "connecting to Redis timed out".to_owned(),
             None => "could not connect to Redis".to_owned(),
         };
-        Self { code: RedisErrorCode::ConnectionFailed, outcome: Outcome::NotSubmitted, server_code, message }
+        Self {
+            code: RedisErrorCode::ConnectionFailed,
+            outcome: Outcome::NotSubmitted,
+            server_code,
+            message,
+        }
     }
 
     pub fn connect_timeout() -> Self {
-        Self::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "connecting to Redis timed out")
+        Self::new(
+            RedisErrorCode::ConnectionFailed,
+            Outcome::NotSubmitted,
+            "connecting to Redis timed out",
+        )
     }
 
     /// A command that failed after it was handed to the connection.
@@ -170,11 +189,19 @@ impl RedisFailure {
         }
         // redis-rs cannot tell a command that never left the process from one Redis ran
         // once it was queued on the multiplexed connection (docs/decisions/0003).
-        Self::new(RedisErrorCode::ConnectionLost, Outcome::Unknown, "the connection to Redis was lost before the reply")
+        Self::new(
+            RedisErrorCode::ConnectionLost,
+            Outcome::Unknown,
+            "the connection to Redis was lost before the reply",
+        )
     }
 
     pub fn command_timeout() -> Self {
-        Self::new(RedisErrorCode::CommandTimeout, Outcome::Unknown, "Redis did not reply within commandTimeoutMs")
+        Self::new(
+            RedisErrorCode::CommandTimeout,
+            Outcome::Unknown,
+            "Redis did not reply within commandTimeoutMs",
+        )
     }
 
     /// A write that fewer than `minReplicas` replicas acknowledged (decision 0026): shaped as
@@ -189,7 +216,11 @@ impl RedisFailure {
     }
 
     pub fn unexpected_reply() -> Self {
-        Self::new(RedisErrorCode::UnexpectedReply, Outcome::Unknown, "Redis sent a reply the lock scripts never produce")
+        Self::new(
+            RedisErrorCode::UnexpectedReply,
+            Outcome::Unknown,
+            "Redis sent a reply the lock scripts never produce",
+        )
     }
 
     /// `retryable: true` (and `status: 503`) where the same call may succeed later.
@@ -234,14 +265,19 @@ fn server_code_of(err: &redis::RedisError) -> Option<String> {
     use redis::ErrorKind;
     match err.kind() {
         ErrorKind::Server(_) | ErrorKind::Extension => err.code().map(sanitize_code),
-        ErrorKind::AuthenticationFailed => Some(err.code().map(sanitize_code).unwrap_or_else(|| "WRONGPASS".to_owned())),
+        ErrorKind::AuthenticationFailed => {
+            Some(err.code().map(sanitize_code).unwrap_or_else(|| "WRONGPASS".to_owned()))
+        }
         _ => None,
     }
 }
 
 /// Error codes are a single upper-case word; anything else is not passed on.
 fn sanitize_code(code: &str) -> String {
-    if !code.is_empty() && code.len() <= 32 && code.bytes().all(|b| b.is_ascii_uppercase() || b == b'_' || b.is_ascii_digit()) {
+    if !code.is_empty()
+        && code.len() <= 32
+        && code.bytes().all(|b| b.is_ascii_uppercase() || b == b'_' || b.is_ascii_digit())
+    {
         code.to_owned()
     } else {
         "ERR".to_owned()
@@ -268,9 +304,15 @@ impl LockError {
     /// PROVIDER_FAILED or OUTCOME_UNKNOWN, by whether the command may have taken effect.
     pub fn from_redis(failure: RedisFailure) -> Self {
         let (code, message) = if failure.surely_not_applied() {
-            (LockErrorCode::ProviderFailed, format!("Redis failed and the command did not take effect: {}", failure.message))
+            (
+                LockErrorCode::ProviderFailed,
+                format!("Redis failed and the command did not take effect: {}", failure.message),
+            )
         } else {
-            (LockErrorCode::OutcomeUnknown, format!("the outcome of the Redis command is unknown: {}", failure.message))
+            (
+                LockErrorCode::OutcomeUnknown,
+                format!("the outcome of the Redis command is unknown: {}", failure.message),
+            )
         };
         Self { code, message, cause: Some(failure), causes: Vec::new() }
     }
@@ -288,7 +330,10 @@ impl LockError {
     /// Redis failure that did not happen. `code` is OUTCOME_UNKNOWN but for shutdown's
     /// CLEANUP_FAILED.
     pub fn internal(code: LockErrorCode, what: &str) -> Self {
-        Self::new(code, format!("an internal error (a panic) ended the {what}; its outcome is unknown"))
+        Self::new(
+            code,
+            format!("an internal error (a panic) ended the {what}; its outcome is unknown"),
+        )
     }
 }
 
@@ -306,7 +351,9 @@ mod tests {
 
     #[test]
     fn server_error_reply_is_provider_failed_and_never_carries_server_text() {
-        let f = RedisFailure::command(&server_error("NOPERM User alice has no permissions to run the 'evalsha' command"));
+        let f = RedisFailure::command(&server_error(
+            "NOPERM User alice has no permissions to run the 'evalsha' command",
+        ));
         assert_eq!(f.code, RedisErrorCode::CommandRejected);
         assert_eq!(f.outcome, Outcome::Rejected);
         assert_eq!(f.server_code.as_deref(), Some("NOPERM"));
@@ -330,7 +377,8 @@ mod tests {
 
     #[test]
     fn io_failure_after_submission_is_outcome_unknown() {
-        let io: redis::RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+        let io: redis::RedisError =
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
         let f = RedisFailure::command(&io);
         assert_eq!(f.outcome, Outcome::Unknown);
         assert!(f.retryable());
@@ -339,12 +387,17 @@ mod tests {
 
     #[test]
     fn connect_failure_is_not_submitted_unless_credentials_are_refused() {
-        let refused: redis::RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        let refused: redis::RedisError =
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
         let f = RedisFailure::connect(&refused);
         assert_eq!((f.code, f.outcome), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted));
         assert!(f.retryable() && f.rides_out_waiting());
-        let wrongpass = RedisFailure::connect(&server_error("WRONGPASS invalid username-password pair"));
-        assert_eq!((wrongpass.code, wrongpass.outcome), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted));
+        let wrongpass =
+            RedisFailure::connect(&server_error("WRONGPASS invalid username-password pair"));
+        assert_eq!(
+            (wrongpass.code, wrongpass.outcome),
+            (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted)
+        );
         assert!(!wrongpass.retryable() && !wrongpass.rides_out_waiting());
         assert_eq!(LockError::from_redis(wrongpass).code, LockErrorCode::ProviderFailed);
     }

@@ -42,7 +42,8 @@ impl KeyLayout {
 
     pub fn names(&self, key: &str) -> KeyNames {
         let mut hex = [0u8; 64];
-        hex::encode_to_slice(Sha256::digest(key.as_bytes()), &mut hex).expect("a SHA-256 is 32 bytes, 64 in hex");
+        hex::encode_to_slice(Sha256::digest(key.as_bytes()), &mut hex)
+            .expect("a SHA-256 is 32 bytes, 64 in hex");
         let hash = std::str::from_utf8(&hex).expect("hex is ASCII");
         let name = |prefix: &str| {
             let mut name = String::with_capacity(prefix.len() + hash.len() + 1);
@@ -67,7 +68,10 @@ pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockE
         return Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must not be empty"));
     }
     let key = String::from_utf16(units).map_err(|_| {
-        LockError::new(LockErrorCode::InvalidKey, "the lock key must be well-formed UTF-16 (it has a lone surrogate)")
+        LockError::new(
+            LockErrorCode::InvalidKey,
+            "the lock key must be well-formed UTF-16 (it has a lone surrogate)",
+        )
     })?;
     if key.len() > max_key_bytes as usize {
         return Err(LockError::new(
@@ -100,7 +104,10 @@ mod tests {
 
     #[test]
     fn a_known_digest_is_lowercase_hex_of_the_utf8() {
-        assert_eq!(&*KeyNames::new("n", "abc").hash, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            &*KeyNames::new("n", "abc").hash,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]

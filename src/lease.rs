@@ -77,9 +77,27 @@ pub fn new_token() -> String {
 
 impl Lease {
     /// A lease set by a command submitted at `submitted` whose reply came at `answered`.
-    pub fn new(keys: Arc<KeyNames>, token: String, fence: String, lease_ms: u32, submitted: Instant, answered: Instant) -> Self {
-        let times = Times { state: State::Held, deadline: key_expiry(submitted, lease_ms), latest: key_expiry(answered, lease_ms) };
-        Self { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), keys, token, fence, lease_ms, inner: Mutex::new(times) }
+    pub fn new(
+        keys: Arc<KeyNames>,
+        token: String,
+        fence: String,
+        lease_ms: u32,
+        submitted: Instant,
+        answered: Instant,
+    ) -> Self {
+        let times = Times {
+            state: State::Held,
+            deadline: key_expiry(submitted, lease_ms),
+            latest: key_expiry(answered, lease_ms),
+        };
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            keys,
+            token,
+            fence,
+            lease_ms,
+            inner: Mutex::new(times),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Times> {
@@ -221,7 +239,14 @@ mod tests {
     use super::*;
 
     fn lease(ms: u32, submitted: Instant) -> Lease {
-        Lease::new(Arc::new(KeyNames::new("t", "k")), new_token(), "1".into(), ms, submitted, submitted)
+        Lease::new(
+            Arc::new(KeyNames::new("t", "k")),
+            new_token(),
+            "1".into(),
+            ms,
+            submitted,
+            submitted,
+        )
     }
 
     #[test]
@@ -301,9 +326,20 @@ mod tests {
     fn the_earliest_expiry_counts_from_submission_and_the_latest_from_the_reply() {
         let submitted = Instant::now() - Duration::from_millis(300);
         let answered = Instant::now() - Duration::from_millis(100);
-        let l = Lease::new(Arc::new(KeyNames::new("t", "k")), new_token(), "1".into(), 1000, submitted, answered);
+        let l = Lease::new(
+            Arc::new(KeyNames::new("t", "k")),
+            new_token(),
+            "1".into(),
+            1000,
+            submitted,
+            answered,
+        );
         assert_eq!(l.latest_expiry(), key_expiry(answered, 1000));
-        assert!(l.remaining_ms() <= 700, "valid only until the earliest expiry: {}", l.remaining_ms());
+        assert!(
+            l.remaining_ms() <= 700,
+            "valid only until the earliest expiry: {}",
+            l.remaining_ms()
+        );
         // A renew whose outcome is unknown may have moved Redis's expiry on.
         let later = Instant::now();
         l.may_have_written(later);

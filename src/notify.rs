@@ -90,7 +90,13 @@ impl Notifier {
 
     /// Called when a waiter really starts waiting: subscribes unless a subscription is
     /// live or starting, the server does not support it, or it failed under 5 s ago.
-    pub fn ensure(self: &Arc<Self>, link: &Arc<RedisLink>, lines: &Arc<Lines>, stopping: &CancellationToken, tasks: &TaskTracker) {
+    pub fn ensure(
+        self: &Arc<Self>,
+        link: &Arc<RedisLink>,
+        lines: &Arc<Lines>,
+        stopping: &CancellationToken,
+        tasks: &TaskTracker,
+    ) {
         if !self.enabled || stopping.is_cancelled() {
             return;
         }
@@ -106,7 +112,12 @@ impl Notifier {
         tasks.spawn(self.clone().run(link.clone(), lines.clone(), stopping.clone()));
     }
 
-    async fn run(self: Arc<Self>, link: Arc<RedisLink>, lines: Arc<Lines>, stopping: CancellationToken) {
+    async fn run(
+        self: Arc<Self>,
+        link: Arc<RedisLink>,
+        lines: Arc<Lines>,
+        stopping: CancellationToken,
+    ) {
         // Taken before the first subscribe, so a change of primary while it fails is seen.
         let mut switches = link.primary_switches();
         loop {
@@ -232,7 +243,12 @@ impl Notifier {
 
     /// The subscription failed or was lost, or its connection was refused (maxclients,
     /// AUTH): poll, and subscribe again when waiters come back after 5 s.
-    fn failed(&self, (failure, from_node): (RedisFailure, bool), link: &RedisLink, lines: &Lines) -> Instant {
+    fn failed(
+        &self,
+        (failure, from_node): (RedisFailure, bool),
+        link: &RedisLink,
+        lines: &Lines,
+    ) -> Instant {
         if from_node && failure.server_code.is_none() {
             // Whatever closed this connection (a restart, a network cut) likely closed the
             // command connection too; the waiters woken below must not race its death. A

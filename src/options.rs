@@ -93,7 +93,10 @@ fn fields<'a>(what: &str, raw: &'a Raw, known: &[&str]) -> Result<&'a [(String, 
         if !known.contains(&name.as_str()) {
             // The name of an unknown field is the caller's code, not a secret; it makes the typo findable.
             let shown: String = name.chars().filter(|c| !c.is_control()).take(64).collect();
-            return Err(invalid(format!("{what} has an unknown field '{shown}'; known fields: {}", known.join(", "))));
+            return Err(invalid(format!(
+                "{what} has an unknown field '{shown}'; known fields: {}",
+                known.join(", ")
+            )));
         }
     }
     Ok(fields)
@@ -108,7 +111,14 @@ fn get<'a>(fields: &'a [(String, Raw)], name: &str) -> Option<&'a Raw> {
 pub fn int_in_range(what: &str, raw: &Raw, min: u32) -> Result<u32, LockError> {
     let rule = || invalid(format!("{what} must be an integer from {min} to {MAX_INT}"));
     match raw {
-        Raw::Number(n) if n.is_finite() && n.fract() == 0.0 && *n >= f64::from(min) && *n <= f64::from(MAX_INT) => Ok(*n as u32),
+        Raw::Number(n)
+            if n.is_finite()
+                && n.fract() == 0.0
+                && *n >= f64::from(min)
+                && *n <= f64::from(MAX_INT) =>
+        {
+            Ok(*n as u32)
+        }
         _ => Err(rule()),
     }
 }
@@ -139,7 +149,8 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
     let namespace = required_string("options.namespace", get(fields, "namespace"))?;
     if namespace.chars().any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}') {
         return Err(invalid(
-            "options.namespace must not contain whitespace, control characters, '{' or '}'".to_owned(),
+            "options.namespace must not contain whitespace, control characters, '{' or '}'"
+                .to_owned(),
         ));
     }
 
@@ -150,7 +161,8 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
             Some(v) => int_in_range(&format!("options.{}", field.name), v, field.min)?,
         };
     }
-    let fence_ttl_ms = get(fields, "fenceTtlMs").map(|v| fence_ttl("options.fenceTtlMs", v)).transpose()?;
+    let fence_ttl_ms =
+        get(fields, "fenceTtlMs").map(|v| fence_ttl("options.fenceTtlMs", v)).transpose()?;
     let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes, min_replicas, replica_timeout_ms] =
         ints;
     Ok(BackendOptions {
@@ -177,7 +189,11 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 /// other fields: a month is a sensible value.
 fn fence_ttl(what: &str, raw: &Raw) -> Result<u64, LockError> {
     match raw {
-        Raw::Number(n) if n.is_finite() && n.fract() == 0.0 && *n >= 1.0 && *n <= MAX_SAFE_INTEGER as f64 => Ok(*n as u64),
+        Raw::Number(n)
+            if n.is_finite() && n.fract() == 0.0 && *n >= 1.0 && *n <= MAX_SAFE_INTEGER as f64 =>
+        {
+            Ok(*n as u64)
+        }
         _ => Err(invalid(format!("{what} must be an integer from 1 to {MAX_SAFE_INTEGER}"))),
     }
 }
@@ -229,23 +245,45 @@ impl std::fmt::Debug for ConnectionOptions {
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
 pub const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
 
-const SCHEMES: [&str; 6] = ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
+const SCHEMES: [&str; 6] =
+    ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
 
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     let (mut sentinel_username, mut sentinel_password) = (None, None);
     let (url, name, connect_timeout_ms, command_timeout_ms, tls, cluster) = match raw {
-        Raw::String(url) => (url.as_str(), None, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_COMMAND_TIMEOUT_MS, None, false),
+        Raw::String(url) => (
+            url.as_str(),
+            None,
+            DEFAULT_CONNECT_TIMEOUT_MS,
+            DEFAULT_COMMAND_TIMEOUT_MS,
+            None,
+            false,
+        ),
         Raw::Object(_) => {
             let fields = fields(
                 "connection",
                 raw,
-                &["url", "name", "connectTimeoutMs", "commandTimeoutMs", "cluster", "tls", "sentinelUsername", "sentinelPassword"],
+                &[
+                    "url",
+                    "name",
+                    "connectTimeoutMs",
+                    "commandTimeoutMs",
+                    "cluster",
+                    "tls",
+                    "sentinelUsername",
+                    "sentinelPassword",
+                ],
             )?;
-            for (field, slot) in [("sentinelUsername", &mut sentinel_username), ("sentinelPassword", &mut sentinel_password)] {
+            for (field, slot) in [
+                ("sentinelUsername", &mut sentinel_username),
+                ("sentinelPassword", &mut sentinel_password),
+            ] {
                 *slot = match get(fields, field) {
                     None => None,
-                    Some(v) => Some(required_string(&format!("connection.{field}"), Some(v))?.to_owned()),
+                    Some(v) => {
+                        Some(required_string(&format!("connection.{field}"), Some(v))?.to_owned())
+                    }
                 };
             }
             let cluster = match get(fields, "cluster") {
@@ -263,10 +301,20 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
                 Some(v) => int_in_range(&format!("connection.{field}"), v, 1),
             };
             let tls = get(fields, "tls").map(parse_tls).transpose()?;
-            (url, name, timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?, timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?, tls, cluster)
+            (
+                url,
+                name,
+                timeout("connectTimeoutMs", DEFAULT_CONNECT_TIMEOUT_MS)?,
+                timeout("commandTimeoutMs", DEFAULT_COMMAND_TIMEOUT_MS)?,
+                tls,
+                cluster,
+            )
         }
         other => {
-            return Err(invalid(format!("connection must be a URL string or an object with url, not {}", other.type_name())))
+            return Err(invalid(format!(
+                "connection must be a URL string or an object with url, not {}",
+                other.type_name()
+            )))
         }
     };
     if url.is_empty() {
@@ -286,7 +334,9 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     }
     let sentinel = if is_sentinel_url(url) {
         if cluster {
-            return Err(invalid("connection.cluster cannot be used with a Sentinel url".to_owned()));
+            return Err(invalid(
+                "connection.cluster cannot be used with a Sentinel url".to_owned(),
+            ));
         }
         Some(SentinelUrl::parse(url).map_err(|rule| invalid(rule.to_owned()))?)
     } else {
@@ -366,7 +416,10 @@ mod tests {
             (o.lease_ms, o.wait_timeout_ms, o.poll_interval_ms, o.notify_poll_interval_ms),
             (10_000, 5_000, 25, 250)
         );
-        assert_eq!((o.max_waiters, o.max_tracked_leases, o.shutdown_timeout_ms, o.max_key_bytes), (128, 10_000, 5_000, 1_024));
+        assert_eq!(
+            (o.max_waiters, o.max_tracked_leases, o.shutdown_timeout_ms, o.max_key_bytes),
+            (128, 10_000, 5_000, 1_024)
+        );
         assert_eq!((o.connection.as_str(), o.namespace.as_str()), ("main", "svc"));
     }
 
@@ -375,15 +428,31 @@ mod tests {
         let o = parse_backend(&obj(&base())).unwrap();
         assert_eq!((o.min_replicas, o.replica_timeout_ms), (0, DEFAULT_REPLICA_TIMEOUT_MS));
         assert_eq!(DEFAULT_REPLICA_TIMEOUT_MS, 500);
-        assert_eq!(parse_backend(&with(("minReplicas", Raw::Number(2.0)))).unwrap().min_replicas, 2);
-        assert_eq!(parse_backend(&with(("replicaTimeoutMs", Raw::Number(1.0)))).unwrap().replica_timeout_ms, 1);
+        assert_eq!(
+            parse_backend(&with(("minReplicas", Raw::Number(2.0)))).unwrap().min_replicas,
+            2
+        );
+        assert_eq!(
+            parse_backend(&with(("replicaTimeoutMs", Raw::Number(1.0))))
+                .unwrap()
+                .replica_timeout_ms,
+            1
+        );
         for bad in [-1.0, 0.5, f64::NAN, 2147483648.0] {
             let e = err(&with(("minReplicas", Raw::Number(bad))));
-            assert!(e.message.contains("options.minReplicas must be an integer from 0"), "{}", e.message);
+            assert!(
+                e.message.contains("options.minReplicas must be an integer from 0"),
+                "{}",
+                e.message
+            );
         }
         for bad in [0.0, 1.5, -3.0] {
             let e = err(&with(("replicaTimeoutMs", Raw::Number(bad))));
-            assert!(e.message.contains("options.replicaTimeoutMs must be an integer from 1"), "{}", e.message);
+            assert!(
+                e.message.contains("options.replicaTimeoutMs must be an integer from 1"),
+                "{}",
+                e.message
+            );
         }
     }
 
@@ -407,28 +476,64 @@ mod tests {
     fn integers_only_within_range_and_the_value_is_never_echoed() {
         for bad in [f64::NAN, f64::INFINITY, -1.0, 1.5, 2147483648.0, 0.0] {
             let e = err(&with(("leaseMs", Raw::Number(bad))));
-            assert!(e.message.contains("leaseMs") && e.message.contains("integer from 1"), "{}", e.message);
+            assert!(
+                e.message.contains("leaseMs") && e.message.contains("integer from 1"),
+                "{}",
+                e.message
+            );
         }
         let e = err(&with(("leaseMs", s("1000"))));
         assert!(!e.message.contains("1000 "), "{}", e.message);
-        assert_eq!(parse_backend(&with(("waitTimeoutMs", Raw::Number(0.0)))).unwrap().wait_timeout_ms, 0);
-        assert_eq!(parse_backend(&with(("shutdownTimeoutMs", Raw::Number(0.0)))).unwrap().shutdown_timeout_ms, 0);
+        assert_eq!(
+            parse_backend(&with(("waitTimeoutMs", Raw::Number(0.0)))).unwrap().wait_timeout_ms,
+            0
+        );
+        assert_eq!(
+            parse_backend(&with(("shutdownTimeoutMs", Raw::Number(0.0))))
+                .unwrap()
+                .shutdown_timeout_ms,
+            0
+        );
         assert_eq!(parse_backend(&with(("leaseMs", Raw::Undefined))).unwrap().lease_ms, 10_000);
     }
 
     #[test]
     fn fence_ttl_is_absent_unless_given_and_an_integer_from_one() {
         assert_eq!(parse_backend(&obj(&base())).unwrap().fence_ttl_ms, None);
-        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Undefined))).unwrap().fence_ttl_ms, None);
-        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(1.0)))).unwrap().fence_ttl_ms, Some(1));
+        assert_eq!(
+            parse_backend(&with(("fenceTtlMs", Raw::Undefined))).unwrap().fence_ttl_ms,
+            None
+        );
+        assert_eq!(
+            parse_backend(&with(("fenceTtlMs", Raw::Number(1.0)))).unwrap().fence_ttl_ms,
+            Some(1)
+        );
         let month = 30.0 * 86_400_000.0;
-        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(month)))).unwrap().fence_ttl_ms, Some(2_592_000_000));
+        assert_eq!(
+            parse_backend(&with(("fenceTtlMs", Raw::Number(month)))).unwrap().fence_ttl_ms,
+            Some(2_592_000_000)
+        );
         let max = MAX_SAFE_INTEGER as f64;
-        assert_eq!(parse_backend(&with(("fenceTtlMs", Raw::Number(max)))).unwrap().fence_ttl_ms, Some(MAX_SAFE_INTEGER));
-        for bad in [Raw::Number(0.0), Raw::Number(-1.0), Raw::Number(1.5), Raw::Number(f64::NAN), Raw::Number(max + 2.0), Raw::Null, s("60000")] {
+        assert_eq!(
+            parse_backend(&with(("fenceTtlMs", Raw::Number(max)))).unwrap().fence_ttl_ms,
+            Some(MAX_SAFE_INTEGER)
+        );
+        for bad in [
+            Raw::Number(0.0),
+            Raw::Number(-1.0),
+            Raw::Number(1.5),
+            Raw::Number(f64::NAN),
+            Raw::Number(max + 2.0),
+            Raw::Null,
+            s("60000"),
+        ] {
             let e = err(&with(("fenceTtlMs", bad.clone())));
             assert_eq!(e.code, LockErrorCode::InvalidOptions, "{bad:?}");
-            assert!(e.message.contains("fenceTtlMs") && !e.message.contains("60000"), "{}", e.message);
+            assert!(
+                e.message.contains("fenceTtlMs") && !e.message.contains("60000"),
+                "{}",
+                e.message
+            );
         }
     }
 
@@ -446,13 +551,24 @@ mod tests {
         let c = parse_connection(&s("redis://:hunter2@127.0.0.1:6379/0")).unwrap();
         assert_eq!(c.command_timeout_ms, DEFAULT_COMMAND_TIMEOUT_MS);
         assert!(!format!("{c:?}").contains("hunter2"));
-        let c = parse_connection(&obj(&[("url", s("unix:///tmp/redis.sock")), ("name", s("main")), ("commandTimeoutMs", Raw::Number(50.0))])).unwrap();
+        let c = parse_connection(&obj(&[
+            ("url", s("unix:///tmp/redis.sock")),
+            ("name", s("main")),
+            ("commandTimeoutMs", Raw::Number(50.0)),
+        ]))
+        .unwrap();
         assert_eq!((c.name.as_deref(), c.command_timeout_ms), (Some("main"), 50));
-        let tls = obj(&[("url", s("rediss://h:6380")), ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))]))]);
+        let tls = obj(&[
+            ("url", s("rediss://h:6380")),
+            ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))])),
+        ]);
         assert!(parse_connection(&tls).unwrap().tls.unwrap().ca.is_some());
         let plain_with_tls = obj(&[("url", s("redis://h")), ("tls", obj(&[]))]);
         assert!(parse_connection(&plain_with_tls).unwrap_err().message.contains("rediss://"));
-        let half = obj(&[("url", s("rediss://h")), ("tls", obj(&[("cert", s("-----BEGIN CERTIFICATE-----"))]))]);
+        let half = obj(&[
+            ("url", s("rediss://h")),
+            ("tls", obj(&[("cert", s("-----BEGIN CERTIFICATE-----"))])),
+        ]);
         assert!(parse_connection(&half).unwrap_err().message.contains("go together"));
         let not_pem = obj(&[("url", s("rediss://h")), ("tls", obj(&[("key", s("sekrit"))]))]);
         assert!(!parse_connection(&not_pem).unwrap_err().message.contains("sekrit"));
@@ -461,7 +577,8 @@ mod tests {
             assert_eq!(e.code, LockErrorCode::InvalidOptions);
             assert!(!e.message.contains("secret"), "{}", e.message);
         }
-        let e = parse_connection(&obj(&[("url", s("redis://h")), ("port", Raw::Number(1.0))])).unwrap_err();
+        let e = parse_connection(&obj(&[("url", s("redis://h")), ("port", Raw::Number(1.0))]))
+            .unwrap_err();
         assert!(e.message.contains("'port'"));
     }
 
@@ -480,7 +597,10 @@ mod tests {
         ]);
         let c = parse_connection(&with_auth).unwrap();
         assert!(c.sentinel.as_ref().unwrap().tls);
-        assert_eq!((c.sentinel_username.as_deref(), c.sentinel_password.as_deref()), (Some("watcher"), Some("s3ntinel-pw")));
+        assert_eq!(
+            (c.sentinel_username.as_deref(), c.sentinel_password.as_deref()),
+            (Some("watcher"), Some("s3ntinel-pw"))
+        );
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3ntinel-pw") && !shown.contains("hunter2"), "{shown}");
     }
@@ -502,17 +622,40 @@ mod tests {
             let e = parse_connection(&s(url)).unwrap_err();
             assert_eq!(e.code, LockErrorCode::InvalidOptions, "{url}");
             assert!(e.message.contains(rule), "{url}: {}", e.message);
-            assert!(!e.message.contains("hunter2") && !e.message.contains("secret-host"), "{}", e.message);
+            assert!(
+                !e.message.contains("hunter2") && !e.message.contains("secret-host"),
+                "{}",
+                e.message
+            );
             assert!(!format!("{e:?}").contains("hunter2"));
         }
-        let cluster = obj(&[("url", s("redis-sentinel://:hunter2@secret-host#m")), ("cluster", Raw::Bool(true))]);
-        assert!(parse_connection(&cluster).unwrap_err().message.contains("cluster cannot be used with a Sentinel url"));
-        let plain_with_auth = obj(&[("url", s("redis://secret-host")), ("sentinelPassword", s("s3ntinel-pw"))]);
+        let cluster = obj(&[
+            ("url", s("redis-sentinel://:hunter2@secret-host#m")),
+            ("cluster", Raw::Bool(true)),
+        ]);
+        assert!(parse_connection(&cluster)
+            .unwrap_err()
+            .message
+            .contains("cluster cannot be used with a Sentinel url"));
+        let plain_with_auth =
+            obj(&[("url", s("redis://secret-host")), ("sentinelPassword", s("s3ntinel-pw"))]);
         let e = parse_connection(&plain_with_auth).unwrap_err();
-        assert!(e.message.contains("sentinelPassword") && !e.message.contains("s3ntinel-pw"), "{}", e.message);
-        let tls_without_tls = obj(&[("url", s("redis-sentinel://secret-host#m")), ("tls", obj(&[]))]);
-        assert!(parse_connection(&tls_without_tls).unwrap_err().message.contains("rediss-sentinel://"));
-        let empty_password = obj(&[("url", s("redis-sentinel://secret-host#m")), ("sentinelPassword", s(""))]);
-        assert!(parse_connection(&empty_password).unwrap_err().message.contains("connection.sentinelPassword must not be empty"));
+        assert!(
+            e.message.contains("sentinelPassword") && !e.message.contains("s3ntinel-pw"),
+            "{}",
+            e.message
+        );
+        let tls_without_tls =
+            obj(&[("url", s("redis-sentinel://secret-host#m")), ("tls", obj(&[]))]);
+        assert!(parse_connection(&tls_without_tls)
+            .unwrap_err()
+            .message
+            .contains("rediss-sentinel://"));
+        let empty_password =
+            obj(&[("url", s("redis-sentinel://secret-host#m")), ("sentinelPassword", s(""))]);
+        assert!(parse_connection(&empty_password)
+            .unwrap_err()
+            .message
+            .contains("connection.sentinelPassword must not be empty"));
     }
 }

@@ -112,14 +112,22 @@ impl Replicas {
             result
         });
         let round = async move {
-            task.await.unwrap_or_else(|_| Err(RedisFailure::too_few_replicas("the replica acknowledgement was not confirmed")))
+            task.await.unwrap_or_else(|_| {
+                Err(RedisFailure::too_few_replicas("the replica acknowledgement was not confirmed"))
+            })
         };
         (id, round.boxed().shared())
     }
 }
 
 /// One `WAIT min timeout_ms` on `conn`, judged.
-async fn wait(link: &RedisLink, conn: &Conn, min: u32, timeout_ms: u32, local_limit: Duration) -> Result<(), RedisFailure> {
+async fn wait(
+    link: &RedisLink,
+    conn: &Conn,
+    min: u32,
+    timeout_ms: u32,
+    local_limit: Duration,
+) -> Result<(), RedisFailure> {
     let mut cmd = redis::cmd("WAIT");
     cmd.arg(min).arg(timeout_ms);
     match tokio::time::timeout(local_limit, link.command_on(conn, &cmd)).await {

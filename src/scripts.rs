@@ -20,8 +20,10 @@ impl LuaScript {
     }
 }
 
-pub static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
-pub static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
+pub static ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
+pub static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
 pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
 
 pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
@@ -58,7 +60,10 @@ pub fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
 }
 
 fn positive_decimal(bytes: &[u8]) -> Option<String> {
-    let valid = !bytes.is_empty() && bytes.len() <= 20 && bytes[0] != b'0' && bytes.iter().all(u8::is_ascii_digit);
+    let valid = !bytes.is_empty()
+        && bytes.len() <= 20
+        && bytes[0] != b'0'
+        && bytes.iter().all(u8::is_ascii_digit);
     valid.then(|| String::from_utf8(bytes.to_vec()).ok()).flatten()
 }
 
@@ -99,13 +104,29 @@ mod tests {
 
     #[test]
     fn acquire_reply_accepts_only_what_the_script_sends() {
-        assert_eq!(parse_acquire(&bulk("1764672000123001")), Some(AcquireReply::Acquired("1764672000123001".into())));
-        assert_eq!(parse_acquire(&bulk("18446744073709551615")), Some(AcquireReply::Acquired("18446744073709551615".into())));
+        assert_eq!(
+            parse_acquire(&bulk("1764672000123001")),
+            Some(AcquireReply::Acquired("1764672000123001".into()))
+        );
+        assert_eq!(
+            parse_acquire(&bulk("18446744073709551615")),
+            Some(AcquireReply::Acquired("18446744073709551615".into()))
+        );
         assert_eq!(parse_acquire(&Value::Int(1234)), Some(AcquireReply::Busy(Some(1234))));
         assert_eq!(parse_acquire(&Value::Int(-1)), Some(AcquireReply::Busy(Some(-1))));
         assert_eq!(parse_acquire(&Value::Int(-2)), Some(AcquireReply::Busy(Some(-2))));
         assert_eq!(parse_acquire(&Value::Nil), Some(AcquireReply::Busy(None)));
-        for bad in [bulk("0"), bulk("-5"), bulk("1.5e15"), bulk("01"), bulk(""), bulk("12a"), Value::Int(-3), Value::Okay, Value::Array(vec![])] {
+        for bad in [
+            bulk("0"),
+            bulk("-5"),
+            bulk("1.5e15"),
+            bulk("01"),
+            bulk(""),
+            bulk("12a"),
+            Value::Int(-3),
+            Value::Okay,
+            Value::Array(vec![]),
+        ] {
             assert_eq!(parse_acquire(&bad), None, "{bad:?}");
         }
     }

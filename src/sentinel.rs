@@ -89,7 +89,9 @@ impl Sentinel {
                 open(info.set_redis_settings(settings))
             })
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let config = AsyncConnectionConfig::new().set_connection_timeout(Some(connect_timeout)).set_response_timeout(None);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
         Ok(Self {
             url,
             sentinels,
@@ -146,7 +148,10 @@ impl Sentinel {
         resolved
     }
 
-    async fn resolve(&self, asked: &mut Option<(usize, MultiplexedConnection)>) -> Result<String, RedisFailure> {
+    async fn resolve(
+        &self,
+        asked: &mut Option<(usize, MultiplexedConnection)>,
+    ) -> Result<String, RedisFailure> {
         let share = self.connect_timeout / (self.sentinels.len() as u32 + 1);
         let announced = self.confirmed().announced_now(self.epoch());
         let mut other = None;
@@ -158,10 +163,16 @@ impl Sentinel {
                 _ => None,
             };
             let reused = kept.is_some();
-            let mut outcome = tokio::time::timeout(share.max(Duration::from_millis(1)), self.ask(index, kept)).await;
+            let mut outcome =
+                tokio::time::timeout(share.max(Duration::from_millis(1)), self.ask(index, kept))
+                    .await;
             if reused && !matches!(outcome, Ok(Ok(_))) {
                 // The kept connection may have died quietly: one fresh try.
-                outcome = tokio::time::timeout(share.max(Duration::from_millis(1)), self.ask(index, None)).await;
+                outcome = tokio::time::timeout(
+                    share.max(Duration::from_millis(1)),
+                    self.ask(index, None),
+                )
+                .await;
             }
             match outcome {
                 Ok(Ok((conn, Some((host, port))))) => {
@@ -206,9 +217,17 @@ impl Sentinel {
     ) -> redis::RedisResult<(MultiplexedConnection, Option<(String, String)>)> {
         let mut conn = match kept {
             Some(conn) => conn,
-            None => self.sentinels[index].get_multiplexed_async_connection_with_config(&self.config).await?,
+            None => {
+                self.sentinels[index]
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?
+            }
         };
-        let reply = redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&self.url.master_name).query_async(&mut conn).await?;
+        let reply = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.url.master_name)
+            .query_async(&mut conn)
+            .await?;
         Ok((conn, reply))
     }
 
@@ -277,7 +296,8 @@ fn address(host: &str, port: &str) -> String {
 /// Sentinel still names after it was demoted (or not yet promoted) fails like no
 /// connection at all: nothing was sent, and a waiting acquire rides it out.
 pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), RedisFailure> {
-    let role: Value = redis::cmd("ROLE").query_async(conn).await.map_err(|e| RedisFailure::connect(&e))?;
+    let role: Value =
+        redis::cmd("ROLE").query_async(conn).await.map_err(|e| RedisFailure::connect(&e))?;
     let first = match &role {
         Value::Array(items) => items.first(),
         _ => None,
@@ -290,7 +310,11 @@ pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), Red
     if is_master {
         Ok(())
     } else {
-        Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, "the node Sentinel named is not a primary (yet)"))
+        Err(RedisFailure::new(
+            RedisErrorCode::ConnectionFailed,
+            Outcome::NotSubmitted,
+            "the node Sentinel named is not a primary (yet)",
+        ))
     }
 }
 

@@ -32,7 +32,9 @@ impl Driver {
                 lease.mark_released();
                 let this = self.clone();
                 // Spawned: past the timeout they go on, and late confirmations still clean up.
-                inner.tasks.spawn(async move { this.clean_up(&lease.keys, &lease.token, lease.latest_expiry()).await })
+                inner.tasks.spawn(async move {
+                    this.clean_up(&lease.keys, &lease.token, lease.latest_expiry()).await
+                })
             })
             .collect();
         inner.tasks.close();
@@ -43,11 +45,15 @@ impl Driver {
                 match release.await {
                     Ok(Ok(_)) => {}
                     Ok(Err(err)) => failures.push(err),
-                    Err(_) => failures.push(LockError::new(LockErrorCode::CleanupFailed, "a release task failed")),
+                    Err(_) => failures.push(LockError::new(
+                        LockErrorCode::CleanupFailed,
+                        "a release task failed",
+                    )),
                 }
             }
             inner.tasks.wait().await;
-            failures.extend(inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+            failures
+                .extend(inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
             failures
         };
         let timeout = Duration::from_millis(inner.options.shutdown_timeout_ms.into());

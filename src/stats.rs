@@ -26,7 +26,10 @@ impl Counters {
 
     /// Every code of the contract with its count, zeros included, so a metrics shape never changes.
     pub fn errors(&self) -> Vec<(LockErrorCode, u64)> {
-        LockErrorCode::ALL.iter().map(|&code| (code, self.errors[code as usize].load(Ordering::Relaxed))).collect()
+        LockErrorCode::ALL
+            .iter()
+            .map(|&code| (code, self.errors[code as usize].load(Ordering::Relaxed)))
+            .collect()
     }
 }
 

@@ -67,12 +67,19 @@ impl Lines {
 
     /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
-    pub fn join(self: &Arc<Self>, hash: &Arc<str>, only_if_empty: bool) -> Result<Place, LockError> {
+    pub fn join(
+        self: &Arc<Self>,
+        hash: &Arc<str>,
+        only_if_empty: bool,
+    ) -> Result<Place, LockError> {
         let mut map = self.map();
         let line = map.entry(hash.clone()).or_default().clone();
         let mut queue = line.queue();
         if only_if_empty && !queue.is_empty() {
-            return Err(LockError::new(LockErrorCode::LockBusy, "the lock is busy: this process already waits for it"));
+            return Err(LockError::new(
+                LockErrorCode::LockBusy,
+                "the lock is busy: this process already waits for it",
+            ));
         }
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let turn = Arc::new(Notify::new());
@@ -83,7 +90,14 @@ impl Lines {
         queue.push_back((ticket, turn.clone()));
         drop(queue);
         drop(map);
-        let place = Place { lines: self.clone(), hash: hash.clone(), line, ticket, turn, waiting: AtomicBool::new(false) };
+        let place = Place {
+            lines: self.clone(),
+            hash: hash.clone(),
+            line,
+            ticket,
+            turn,
+            waiting: AtomicBool::new(false),
+        };
         if behind_others {
             place.mark_waiting();
         }
@@ -172,7 +186,10 @@ impl Lines {
 /// 0010). `DOKEBI_LOCK_REDIS_HEAD_START_US` sets it for experiments; 0 turns it off.
 fn head_start() -> std::time::Duration {
     static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300)
     });
     std::time::Duration::from_micros(*MICROS)
 }
@@ -190,7 +207,8 @@ impl Line {
     /// own release of the key woke its first waiter.
     pub fn head_start(&self) -> Option<std::time::Duration> {
         let head_start = head_start();
-        (self.yield_next_wake.swap(false, Ordering::AcqRel) && !head_start.is_zero()).then_some(head_start)
+        (self.yield_next_wake.swap(false, Ordering::AcqRel) && !head_start.is_zero())
+            .then_some(head_start)
     }
 
     pub fn forget_head_start(&self) {
@@ -250,7 +268,12 @@ impl InProgress {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .map(|_| InProgressGuard(self.0.clone()))
-            .map_err(|_| LockError::new(LockErrorCode::QueueFull, format!("maxWaiters ({max}) acquires are already in progress")))
+            .map_err(|_| {
+                LockError::new(
+                    LockErrorCode::QueueFull,
+                    format!("maxWaiters ({max}) acquires are already in progress"),
+                )
+            })
     }
 
     pub fn count(&self) -> usize {
@@ -307,7 +330,10 @@ mod tests {
     async fn zero_wait_never_jumps_a_line_and_keys_have_their_own_lines() {
         let lines = Arc::new(Lines::default());
         let _a = lines.join(&"k".into(), false).unwrap();
-        assert_eq!(lines.join(&"k".into(), true).err().map(|e| e.code), Some(LockErrorCode::LockBusy));
+        assert_eq!(
+            lines.join(&"k".into(), true).err().map(|e| e.code),
+            Some(LockErrorCode::LockBusy)
+        );
         let other = lines.join(&"other".into(), true).unwrap();
         assert!(is_first(&other).await);
         assert_eq!(lines.waiters(), 2);

@@ -6,11 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use dokebi_lock_redis::notify::SubscriptionState;
 use common::{driver, url};
+use dokebi_lock_redis::notify::SubscriptionState;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_runs_whole_as_the_least_privileged_user() {
@@ -22,7 +21,11 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     setuser.extend_from_slice(common::LEAST_PRIVILEGE_RULE);
     assert!(redis.command(&setuser).starts_with("+OK"));
     let user_url = redis.url().replace("redis://", "redis://locker:s3cret@");
-    let d = driver(url(&user_url), "locks", &[("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)]);
+    let d = driver(
+        url(&user_url),
+        "locks",
+        &[("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)],
+    );
 
     let held = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     d.renew(&held).await.unwrap();

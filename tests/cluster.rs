@@ -23,9 +23,19 @@ struct Cluster {
 impl Cluster {
     fn start() -> Self {
         let nodes: Vec<_> = (0..3)
-            .map(|_| RedisServer::start_with_args(&["--cluster-enabled", "yes", "--cluster-port", &free_port(), "--cluster-node-timeout", "2000"]))
+            .map(|_| {
+                RedisServer::start_with_args(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &free_port(),
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
             .collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let addresses: Vec<String> =
+            nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
@@ -35,7 +45,11 @@ impl Cluster {
         assert!(out.status.success(), "cluster create: {}", String::from_utf8_lossy(&out.stdout));
         let cluster = Self { nodes };
         let end = Instant::now() + Duration::from_secs(10);
-        while !cluster.nodes.iter().all(|n| n.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok")) {
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
             assert!(Instant::now() < end, "the cluster did not become ok");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -49,7 +63,9 @@ impl Cluster {
 
     /// The node serving `key`: the others answer -MOVED.
     fn owner(&self, key: &str) -> usize {
-        (0..3).find(|&i| !self.nodes[i].command(&["EXISTS", key]).starts_with('-')).expect("some node serves the key")
+        (0..3)
+            .find(|&i| !self.nodes[i].command(&["EXISTS", key]).starts_with('-'))
+            .expect("some node serves the key")
     }
 }
 
@@ -76,9 +92,13 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
     for key in &keys {
         leases.push(d.acquire(key, Some(0), CancellationToken::new()).await.unwrap());
     }
-    let hashes: Vec<String> = keys.iter().map(|k| dokebi_lock_redis::keys::KeyNames::new("cl", k).hash.to_string()).collect();
+    let hashes: Vec<String> = keys
+        .iter()
+        .map(|k| dokebi_lock_redis::keys::KeyNames::new("cl", k).hash.to_string())
+        .collect();
     let lock_key = |i: usize| format!("cl:lock:{{{}}}", hashes[i]);
-    let owners: std::collections::HashSet<usize> = (0..keys.len()).map(|i| cluster.owner(&lock_key(i))).collect();
+    let owners: std::collections::HashSet<usize> =
+        (0..keys.len()).map(|i| cluster.owner(&lock_key(i))).collect();
     assert!(owners.len() > 1, "the keys landed on more than one node");
 
     // A waiter subscribed through node 0 hears a release published on another node.
@@ -96,7 +116,11 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
     let released_at = Instant::now();
     assert!(d.release(&leases[remote]).await.unwrap());
     let next = waiter.await.unwrap().unwrap();
-    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woke after {:?} (the safety poll is 5 s)", released_at.elapsed());
+    assert!(
+        released_at.elapsed() < Duration::from_millis(2_000),
+        "woke after {:?} (the safety poll is 5 s)",
+        released_at.elapsed()
+    );
     d.release(&next).await.unwrap();
 
     // Move the slot of one lock to another node behind the driver's back: its next command
@@ -109,17 +133,35 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
     let slot_s = slot.to_string();
     cluster.nodes[to].command(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id]);
     cluster.nodes[from].command(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id]);
-    for key in [format!("cl:lock:{{{}}}", hashes[moved]), format!("cl:lock-fence:{{{}}}", hashes[moved])] {
-        let reply = cluster.nodes[from].command(&["MIGRATE", "127.0.0.1", &cluster.nodes[to].port.to_string(), &key, "0", "5000"]);
+    for key in
+        [format!("cl:lock:{{{}}}", hashes[moved]), format!("cl:lock-fence:{{{}}}", hashes[moved])]
+    {
+        let reply = cluster.nodes[from].command(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &cluster.nodes[to].port.to_string(),
+            &key,
+            "0",
+            "5000",
+        ]);
         assert!(reply.starts_with('+'), "migrate: {reply}");
     }
     for node in &cluster.nodes {
         node.command(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
     }
     cluster.nodes[from].command(&["CONFIG", "RESETSTAT"]);
-    assert!(d.release(&leases[moved]).await.unwrap(), "the release followed MOVED to the new owner");
-    assert!(cluster.nodes[from].command(&["INFO", "errorstats"]).contains("errorstat_MOVED"), "the old owner answered MOVED");
+    assert!(
+        d.release(&leases[moved]).await.unwrap(),
+        "the release followed MOVED to the new owner"
+    );
+    assert!(
+        cluster.nodes[from].command(&["INFO", "errorstats"]).contains("errorstat_MOVED"),
+        "the old owner answered MOVED"
+    );
     let again = d.acquire(&keys[moved], Some(0), CancellationToken::new()).await.unwrap();
-    assert!(again.fence.parse::<u128>().unwrap() > leases[moved].fence.parse::<u128>().unwrap(), "the fence moved with its slot");
+    assert!(
+        again.fence.parse::<u128>().unwrap() > leases[moved].fence.parse::<u128>().unwrap(),
+        "the fence moved with its slot"
+    );
     d.shutdown().await.unwrap();
 }

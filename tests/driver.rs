@@ -91,7 +91,11 @@ async fn a_renew_extends_and_a_stolen_lease_is_lost() {
     let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     d.renew(&lease).await.unwrap();
-    assert!(lease.remaining_ms() > 200, "renewed to leaseMs from the renew: {}", lease.remaining_ms());
+    assert!(
+        lease.remaining_ms() > 200,
+        "renewed to leaseMs from the renew: {}",
+        lease.remaining_ms()
+    );
 
     redis.command(&["SET", &format!("renew:lock:{{{}}}", hash("k")), "someone-else"]);
     let lost = d.renew(&lease).await.unwrap_err();
@@ -119,25 +123,36 @@ async fn an_acquire_confirmed_after_cancellation_is_released_by_token() {
     assert_eq!(attempt.await.unwrap().unwrap_err().code, LockErrorCode::Aborted);
     redis.resume();
     let key = format!("cancel:lock:{{{}}}", hash("k"));
-    eventually("the late acquire's cleanup", Duration::from_secs(3), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+    eventually("the late acquire's cleanup", Duration::from_secs(3), || {
+        value(&redis.command(&["EXISTS", &key])) == "0"
+    })
+    .await;
     d.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_reply_is_outcome_unknown_and_is_cleaned_up_once_redis_answers() {
     let redis = RedisServer::start();
-    let d = driver(connection(redis.url(), &[("commandTimeoutMs", Raw::Number(150.0))]), "stall", &[]);
+    let d =
+        driver(connection(redis.url(), &[("commandTimeoutMs", Raw::Number(150.0))]), "stall", &[]);
     d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
     redis.pause();
     let started = Instant::now();
     let err = d.acquire("k", Some(5_000), CancellationToken::new()).await.unwrap_err();
-    assert_eq!(err.code, LockErrorCode::OutcomeUnknown, "never retried, never a wait past the unknown outcome");
+    assert_eq!(
+        err.code,
+        LockErrorCode::OutcomeUnknown,
+        "never retried, never a wait past the unknown outcome"
+    );
     assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
     assert_eq!(err.cause.as_ref().map(|c| c.outcome), Some(Outcome::Unknown));
     redis.resume();
     let key = format!("stall:lock:{{{}}}", hash("k"));
     // Redis ran the late acquire after it resumed; the driver takes it back by token.
-    eventually("the unknown outcome's cleanup", Duration::from_secs(5), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+    eventually("the unknown outcome's cleanup", Duration::from_secs(5), || {
+        value(&redis.command(&["EXISTS", &key])) == "0"
+    })
+    .await;
     let again = d.acquire("k", Some(1_000), CancellationToken::new()).await.unwrap();
     assert!(again.valid());
     d.shutdown().await.unwrap();
@@ -153,7 +168,10 @@ async fn nothing_listening_is_provider_failed_and_a_wait_rides_it_out_until_the_
     let started = Instant::now();
     let waited = d.acquire("k", Some(300), CancellationToken::new()).await.unwrap_err();
     assert_eq!(waited.code, LockErrorCode::ProviderFailed);
-    assert!(started.elapsed() >= Duration::from_millis(300), "it rode out the failures until the wait ended");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it rode out the failures until the wait ended"
+    );
     d.shutdown().await.unwrap();
 }
 
@@ -173,7 +191,10 @@ async fn shutdown_releases_tracked_leases_and_stops_waits() {
     assert_eq!(value(&redis.command(&["KEYS", "stop:lock:*"])), "0", "every lock key is gone");
     assert!(!a.valid());
     assert!(!d.release(&a).await.unwrap(), "released by shutdown already");
-    assert_eq!(d.acquire("c", Some(0), CancellationToken::new()).await.unwrap_err().code, LockErrorCode::ShutDown);
+    assert_eq!(
+        d.acquire("c", Some(0), CancellationToken::new()).await.unwrap_err().code,
+        LockErrorCode::ShutDown
+    );
     d.shutdown().await.unwrap();
 }
 
@@ -187,5 +208,8 @@ async fn shutdown_against_a_stalled_redis_times_out_and_never_claims_success() {
     assert_eq!(err.code, LockErrorCode::CleanupTimeout);
     redis.resume();
     let key = format!("stall-stop:lock:{{{}}}", hash("k"));
-    eventually("the late release", Duration::from_secs(3), || value(&redis.command(&["EXISTS", &key])) == "0").await;
+    eventually("the late release", Duration::from_secs(3), || {
+        value(&redis.command(&["EXISTS", &key])) == "0"
+    })
+    .await;
 }

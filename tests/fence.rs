@@ -35,7 +35,10 @@ async fn an_acquire_on_a_known_key_runs_only_set_and_incr_in_redis() {
         assert!(d.release(&first).await.unwrap());
         redis.command(&["CONFIG", "RESETSTAT"]);
         let lease = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
-        let counts: Vec<_> = ["set", "incr", "exists", "pttl", "time", "get"].iter().map(|c| calls(&redis, c)).collect();
+        let counts: Vec<_> = ["set", "incr", "exists", "pttl", "time", "get"]
+            .iter()
+            .map(|c| calls(&redis, c))
+            .collect();
         assert_eq!(counts, [1, 1, 0, 0, 0, 0], "{namespace}: set, incr, exists, pttl, time, get");
         assert_eq!(lease.fence.parse::<u128>().unwrap(), first.fence.parse::<u128>().unwrap() + 1);
         d.shutdown().await.unwrap();
@@ -51,7 +54,11 @@ async fn an_acquire_whose_fence_cannot_be_drawn_leaves_no_lock_behind() {
     let err = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed);
     assert_eq!(err.cause.as_ref().map(|c| c.outcome), Some(Outcome::Rejected));
-    assert_eq!(value(&redis.command(&["EXISTS", &lock_key("broken", "job")])), "0", "PROVIDER_FAILED: nothing took effect");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &lock_key("broken", "job")])),
+        "0",
+        "PROVIDER_FAILED: nothing took effect"
+    );
     assert_eq!(value(&redis.command(&["GET", &fence_key("broken", "job")])), "not-a-number");
     d.shutdown().await.unwrap();
 }
@@ -66,7 +73,11 @@ async fn a_held_key_answers_busy_even_when_redis_refuses_writes() {
     let held = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
     redis.command(&["CONFIG", "SET", "maxmemory", "1"]);
     let busy = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap_err();
-    assert_eq!(busy.code, LockErrorCode::LockBusy, "the holder's PTTL, not the OOM of the refused SET");
+    assert_eq!(
+        busy.code,
+        LockErrorCode::LockBusy,
+        "the holder's PTTL, not the OOM of the refused SET"
+    );
     let free = d.acquire("other", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(free.cause.as_ref().and_then(|c| c.server_code.as_deref()), Some("OOM"));
     assert_eq!(value(&redis.command(&["EXISTS", &lock_key("oom", "other")])), "0");
@@ -104,7 +115,10 @@ async fn with_fence_ttl_counters_expire_and_fences_keep_rising_across_the_expiry
     let kept = pttl(&redis, &counter);
     assert!(kept > 0 && kept <= seeded_ttl, "not extended: {kept} after {seeded_ttl}");
 
-    eventually("the counter to expire", Duration::from_secs(5), || value(&redis.command(&["EXISTS", &counter])) == "0").await;
+    eventually("the counter to expire", Duration::from_secs(5), || {
+        value(&redis.command(&["EXISTS", &counter])) == "0"
+    })
+    .await;
     let third = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
     let f3 = third.fence.parse::<u128>().unwrap();
     assert!(f3 > f2, "a fence after the expiry ({f3}) is above every earlier one ({f2})");
@@ -143,21 +157,52 @@ async fn a_refused_seed_leaves_neither_the_lock_nor_a_counter_at_one_behind() {
     // Every command but SET on both keys, and SET (a selector) on the lock keys only: INCR
     // creates the missing counter at 1, then the seed's SET is refused.
     let setuser = [
-        "ACL", "SETUSER", "seedless", "on", ">s3cret", "resetkeys", "~seeds:*", "-@all", "+evalsha", "+eval", "+pttl", "+exists",
-        "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+info", "+ping", "(~seeds:lock:* +set)",
+        "ACL",
+        "SETUSER",
+        "seedless",
+        "on",
+        ">s3cret",
+        "resetkeys",
+        "~seeds:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+pttl",
+        "+exists",
+        "+time",
+        "+incr",
+        "+get",
+        "+del",
+        "+pexpire",
+        "+publish",
+        "+info",
+        "+ping",
+        "(~seeds:lock:* +set)",
     ];
     assert!(redis.command(&setuser).starts_with("+OK"), "Redis 7 ACL selectors");
     let user_url = redis.url().replace("redis://", "redis://seedless:s3cret@");
     let d = driver(url(&user_url), "seeds", &[]);
     let err = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed);
-    assert_eq!(value(&redis.command(&["EXISTS", &lock_key("seeds", "job")])), "0", "the lease was taken back");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &lock_key("seeds", "job")])),
+        "0",
+        "the lease was taken back"
+    );
     // A counter left at 1 would make the next acquire (with the ACL fixed) draw 2, far
     // below every fence handed out before the data loss.
-    assert_eq!(value(&redis.command(&["EXISTS", &fence_key("seeds", "job")])), "0", "no counter left at 1");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &fence_key("seeds", "job")])),
+        "0",
+        "no counter left at 1"
+    );
     d.shutdown().await.unwrap();
     let fixed = driver(url(redis.url()), "seeds", &[]);
     let lease = fixed.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
-    assert!(lease.fence.parse::<u128>().unwrap() > 1_000_000_000_000_000, "seeded from TIME: {}", lease.fence);
+    assert!(
+        lease.fence.parse::<u128>().unwrap() > 1_000_000_000_000_000,
+        "seeded from TIME: {}",
+        lease.fence
+    );
     fixed.shutdown().await.unwrap();
 }

@@ -77,14 +77,18 @@ fn lock_key(ns: &str, key: &str) -> String {
 // --- 1: failed releases ----------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn releases_that_failed_while_redis_stalled_stop_counting_against_max_tracked_leases_once_confirmed() {
+async fn releases_that_failed_while_redis_stalled_stop_counting_against_max_tracked_leases_once_confirmed(
+) {
     if support::external() {
         return;
     }
     let redis = RedisServer::start();
     let ns = "blip";
     let d = driver(
-        connection(redis.url(), &[("commandTimeoutMs", Raw::Number(200.0)), ("connectTimeoutMs", Raw::Number(300.0))]),
+        connection(
+            redis.url(),
+            &[("commandTimeoutMs", Raw::Number(200.0)), ("connectTimeoutMs", Raw::Number(300.0))],
+        ),
         ns,
         &[("maxTrackedLeases", 5.0), ("leaseMs", 30_000.0)],
     );
@@ -95,13 +99,24 @@ async fn releases_that_failed_while_redis_stalled_stop_counting_against_max_trac
     redis.pause();
     for lease in &leases {
         let err = d.release(lease).await.unwrap_err();
-        assert!(matches!(err.code, LockErrorCode::OutcomeUnknown | LockErrorCode::ProviderFailed), "{err:?}");
+        assert!(
+            matches!(err.code, LockErrorCode::OutcomeUnknown | LockErrorCode::ProviderFailed),
+            "{err:?}"
+        );
     }
-    assert_eq!(d.acquire("other", Some(0), CancellationToken::new()).await.unwrap_err().code, LockErrorCode::TooManyLeases);
+    assert_eq!(
+        d.acquire("other", Some(0), CancellationToken::new()).await.unwrap_err().code,
+        LockErrorCode::TooManyLeases
+    );
     redis.resume();
     // The background releases land once Redis answers: the keys are gone and the leases
     // untracked, long before their 30 s lease would have run out.
-    eventually("the failed releases to be confirmed in the background", Duration::from_secs(5), || d.tracked_leases() == 0).await;
+    eventually(
+        "the failed releases to be confirmed in the background",
+        Duration::from_secs(5),
+        || d.tracked_leases() == 0,
+    )
+    .await;
     for i in 0..5 {
         assert_eq!(value(&redis.command(&["EXISTS", &lock_key(ns, &format!("k{i}"))])), "0");
     }
@@ -127,14 +142,28 @@ async fn a_release_that_failed_while_redis_was_down_is_untracked_once_its_key_su
     redis.kill();
     let started = Instant::now();
     let err = d.release(&lease).await.unwrap_err();
-    assert!(matches!(err.code, LockErrorCode::ProviderFailed | LockErrorCode::OutcomeUnknown), "{err:?}");
+    assert!(
+        matches!(err.code, LockErrorCode::ProviderFailed | LockErrorCode::OutcomeUnknown),
+        "{err:?}"
+    );
     assert_eq!(d.tracked_leases(), 1, "tracked while Redis may still hold the key");
     // Redis stays down: nothing can confirm the release, but past the lease's latest expiry
     // the key is surely gone, and the slot frees.
-    eventually("the lease to be untracked at its latest expiry", Duration::from_secs(5), || d.tracked_leases() == 0).await;
-    assert!(started.elapsed() >= Duration::from_millis(400), "not before the key could have expired: {:?}", started.elapsed());
+    eventually("the lease to be untracked at its latest expiry", Duration::from_secs(5), || {
+        d.tracked_leases() == 0
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "not before the key could have expired: {:?}",
+        started.elapsed()
+    );
     let refused = d.acquire("k2", Some(0), CancellationToken::new()).await.unwrap_err();
-    assert_eq!(refused.code, LockErrorCode::ProviderFailed, "Redis is down, but the registry no longer refuses");
+    assert_eq!(
+        refused.code,
+        LockErrorCode::ProviderFailed,
+        "Redis is down, but the registry no longer refuses"
+    );
     let _ = d.shutdown().await;
 }
 
@@ -143,34 +172,54 @@ async fn a_release_that_failed_while_redis_was_down_is_untracked_once_its_key_su
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_ends_at_its_deadline_while_the_connection_is_still_being_set_up() {
     let silent = Gate::start(None);
-    let d = driver(connection(&silent.url(), &[("connectTimeoutMs", Raw::Number(3000.0))]), "cold", &[]);
+    let d = driver(
+        connection(&silent.url(), &[("connectTimeoutMs", Raw::Number(3000.0))]),
+        "cold",
+        &[],
+    );
     let started = Instant::now();
     let err = d.acquire("k", Some(200), CancellationToken::new()).await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.code, LockErrorCode::WaitTimeout, "{err:?}");
-    assert!(took < Duration::from_millis(1500), "the 200 ms wait took {took:?} (connectTimeoutMs is 3 s)");
+    assert!(
+        took < Duration::from_millis(1500),
+        "the 200 ms wait took {took:?} (connectTimeoutMs is 3 s)"
+    );
     let _ = d.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_wait_tries_once_so_it_waits_for_the_connect_up_to_connect_timeout() {
     let silent = Gate::start(None);
-    let d = driver(connection(&silent.url(), &[("connectTimeoutMs", Raw::Number(400.0))]), "cold-zero", &[]);
+    let d = driver(
+        connection(&silent.url(), &[("connectTimeoutMs", Raw::Number(400.0))]),
+        "cold-zero",
+        &[],
+    );
     let started = Instant::now();
     let err = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed, "{err:?}");
-    assert!(started.elapsed() >= Duration::from_millis(350), "one real try: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(350),
+        "one real try: {:?}",
+        started.elapsed()
+    );
     let _ = d.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connect_the_waiter_left_ends_on_its_own_and_the_next_caller_is_not_handed_its_stale_timeout() {
+async fn a_connect_the_waiter_left_ends_on_its_own_and_the_next_caller_is_not_handed_its_stale_timeout(
+) {
     if support::external() {
         return;
     }
     let redis = RedisServer::start();
     let gate = Gate::start(Some(redis.port));
-    let d = driver(connection(&gate.url(), &[("connectTimeoutMs", Raw::Number(1000.0))]), "left-connect", &[]);
+    let d = driver(
+        connection(&gate.url(), &[("connectTimeoutMs", Raw::Number(1000.0))]),
+        "left-connect",
+        &[],
+    );
     let err = d.acquire("k", Some(100), CancellationToken::new()).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::WaitTimeout);
     // Long after connectTimeoutMs since that connect began, a zero-wait acquire starts, and
@@ -210,9 +259,16 @@ async fn an_acquire_aborted_or_shut_down_while_connecting_never_sends_its_script
     gate.open();
     let other = d.acquire("other", Some(5_000), CancellationToken::new()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("other"))])), "1");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("other"))])),
+        "1"
+    );
     assert_eq!(value(&redis.command(&["EXISTS", &lock_key(ns, "aborted")])), "0");
-    assert_eq!(value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("aborted"))])), "0", "no fence drawn");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("aborted"))])),
+        "0",
+        "no fence drawn"
+    );
     d.release(&other).await.unwrap();
     d.shutdown().await.unwrap();
 
@@ -232,7 +288,11 @@ async fn an_acquire_aborted_or_shut_down_while_connecting_never_sends_its_script
     gate.open();
     shutdown.await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("stopped"))])), "0", "never sent");
+    assert_eq!(
+        value(&redis.command(&["EXISTS", &format!("{ns}:lock-fence:{{{}}}", hash("stopped"))])),
+        "0",
+        "never sent"
+    );
 }
 
 // --- 7: causes ---------------------------------------------------------------------------
@@ -269,13 +329,21 @@ async fn a_renew_confirmed_while_release_runs_says_the_lease_was_released() {
 fn a_malformed_pem_is_reported_by_its_field_not_as_a_bad_url() {
     // Not base64: no parser can read it. (A PEM of a few bytes parses as a PEM and is
     // refused later, by the TLS handshake, if at all.)
-    let bad = |label: &str| format!("-----BEGIN {label}-----\nnot base64 at all!\n-----END {label}-----\n");
+    let bad = |label: &str| {
+        format!("-----BEGIN {label}-----\nnot base64 at all!\n-----END {label}-----\n")
+    };
     let parses = |label: &str| format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
     for field in ["ca", "cert", "key"] {
         let tls = match field {
             "ca" => vec![("ca".to_owned(), Raw::String(bad("CERTIFICATE")))],
-            "cert" => vec![("cert".to_owned(), Raw::String(bad("CERTIFICATE"))), ("key".to_owned(), Raw::String(parses("PRIVATE KEY")))],
-            _ => vec![("cert".to_owned(), Raw::String(parses("CERTIFICATE"))), ("key".to_owned(), Raw::String(bad("PRIVATE KEY")))],
+            "cert" => vec![
+                ("cert".to_owned(), Raw::String(bad("CERTIFICATE"))),
+                ("key".to_owned(), Raw::String(parses("PRIVATE KEY"))),
+            ],
+            _ => vec![
+                ("cert".to_owned(), Raw::String(parses("CERTIFICATE"))),
+                ("key".to_owned(), Raw::String(bad("PRIVATE KEY"))),
+            ],
         };
         let conn = connection("rediss://127.0.0.1:6380", &[("tls", Raw::Object(tls))]);
         let backend = options::parse_backend(&Raw::Object(vec![
@@ -284,9 +352,15 @@ fn a_malformed_pem_is_reported_by_its_field_not_as_a_bad_url() {
             ("namespace".to_owned(), Raw::String("pem".into())),
         ]))
         .unwrap();
-        let err = Driver::new(&options::parse_connection(&conn).unwrap(), backend).err().expect("a malformed PEM is refused");
+        let err = Driver::new(&options::parse_connection(&conn).unwrap(), backend)
+            .err()
+            .expect("a malformed PEM is refused");
         assert_eq!(err.code, LockErrorCode::InvalidOptions);
-        assert!(err.message.contains(&format!("connection.tls.{field} ")), "{field}: {}", err.message);
+        assert!(
+            err.message.contains(&format!("connection.tls.{field} ")),
+            "{field}: {}",
+            err.message
+        );
         assert!(!err.message.contains("url"), "{field}: {}", err.message);
         assert!(!err.message.contains("base64"), "never the PEM's text: {}", err.message);
     }

@@ -5,8 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use dokebi_lock_redis::notify::SubscriptionState;
 use common::{calls, driver, eventually, hash, url};
+use dokebi_lock_redis::notify::SubscriptionState;
 use dokebi_lock_redis::LockErrorCode;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -18,13 +18,19 @@ fn numsub(redis: &RedisServer, channel: &str) -> String {
 }
 
 /// An acquire of `key` waiting up to 8 s, in its own task.
-fn waiter(d: &dokebi_lock_redis::Driver, key: &str) -> tokio::task::JoinHandle<Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError>> {
+fn waiter(
+    d: &dokebi_lock_redis::Driver,
+    key: &str,
+) -> tokio::task::JoinHandle<
+    Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError>,
+> {
     let (d, key) = (d.clone(), key.to_owned());
     tokio::spawn(async move { d.acquire(&key, Some(8_000), CancellationToken::new()).await })
 }
 
 /// Safety polls so slow that only a notification can explain a quick wake-up.
-const SLOW_POLLS: [(&str, f64); 2] = [("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)];
+const SLOW_POLLS: [(&str, f64); 2] =
+    [("pollIntervalMs", 5_000.0), ("notifyPollIntervalMs", 5_000.0)];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_locks_never_subscribe() {
@@ -45,18 +51,31 @@ async fn a_release_wakes_the_waiter_well_before_the_safety_poll() {
     let d = driver(url(redis.url()), "wake", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = waiter(&d, "k");
-    eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "wake:lock-released") == "1").await;
+    eventually("the subscription", Duration::from_secs(3), || {
+        numsub(&redis, "wake:lock-released") == "1"
+    })
+    .await;
     // The subscription is confirmed; give the confirmation's re-check time to come back busy.
-    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    eventually("the live state", Duration::from_secs(3), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     let released_at = Instant::now();
     assert!(d.release(&held).await.unwrap());
     let lease = waiter.await.unwrap().unwrap();
     assert!(lease.valid());
-    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woke after {:?}", released_at.elapsed());
+    assert!(
+        released_at.elapsed() < Duration::from_millis(2_000),
+        "woke after {:?}",
+        released_at.elapsed()
+    );
     assert!(d.notifications_received() >= 1);
 
     // No new waiter within a second: the subscribe connection goes away.
-    eventually("the unsubscribe", Duration::from_secs(4), || numsub(&redis, "wake:lock-released") == "0").await;
+    eventually("the unsubscribe", Duration::from_secs(4), || {
+        numsub(&redis, "wake:lock-released") == "0"
+    })
+    .await;
     assert_eq!(d.subscription_state(), SubscriptionState::Off);
     d.shutdown().await.unwrap();
 }
@@ -67,7 +86,10 @@ async fn uncontended_acquires_do_not_keep_the_subscription_open_after_the_last_w
     let d = driver(url(redis.url()), "stream", &SLOW_POLLS);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = waiter(&d, "k");
-    eventually("the subscription", Duration::from_secs(3), || numsub(&redis, "stream:lock-released") == "1").await;
+    eventually("the subscription", Duration::from_secs(3), || {
+        numsub(&redis, "stream:lock-released") == "1"
+    })
+    .await;
     d.release(&held).await.unwrap();
     let lease = waiter.await.unwrap().unwrap();
     d.release(&lease).await.unwrap();
@@ -83,8 +105,12 @@ async fn uncontended_acquires_do_not_keep_the_subscription_open_after_the_last_w
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let closed_after = closed_after.expect("the subscription stayed open under uncontended acquires");
-    assert!(closed_after >= Duration::from_millis(900), "closed after {closed_after:?}, before its idle second");
+    let closed_after =
+        closed_after.expect("the subscription stayed open under uncontended acquires");
+    assert!(
+        closed_after >= Duration::from_millis(900),
+        "closed after {closed_after:?}, before its idle second"
+    );
     assert_eq!(d.subscription_state(), SubscriptionState::Off);
     d.shutdown().await.unwrap();
 }
@@ -96,19 +122,30 @@ async fn a_release_published_by_another_driver_wakes_our_waiter() {
     let lock_key = format!("foreign:lock:{{{}}}", hash("k"));
     redis.command(&["SET", &lock_key, "a-typescript-driver-token", "PX", "60000"]);
     let waiter = waiter(&d, "k");
-    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    eventually("the live state", Duration::from_secs(3), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     let released_at = Instant::now();
     redis.command(&["DEL", &lock_key]);
     redis.command(&["PUBLISH", "foreign:lock-released", &hash("k")]);
     waiter.await.unwrap().unwrap();
-    assert!(released_at.elapsed() < Duration::from_millis(2_000), "woke after {:?}", released_at.elapsed());
+    assert!(
+        released_at.elapsed() < Duration::from_millis(2_000),
+        "woke after {:?}",
+        released_at.elapsed()
+    );
     d.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_on_one_key_cost_one_redis_attempt_at_a_time_and_are_served_in_order() {
     let redis = RedisServer::start();
-    let d = driver(url(redis.url()), "line", &[("pollIntervalMs", 50.0), ("notifyPollIntervalMs", 50.0)]);
+    let d = driver(
+        url(redis.url()),
+        "line",
+        &[("pollIntervalMs", 50.0), ("notifyPollIntervalMs", 50.0)],
+    );
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let mut waiters = Vec::new();
     for i in 0..8 {
@@ -139,7 +176,17 @@ async fn many_waiters_on_one_key_cost_one_redis_attempt_at_a_time_and_are_served
 async fn a_refused_subscription_falls_back_to_polling_for_good() {
     let redis = RedisServer::start();
     // A user that may run the lock scripts but not subscribe to any channel.
-    redis.command(&["ACL", "SETUSER", "locker", "on", ">pw", "~*", "resetchannels", "+@all", "-subscribe"]);
+    redis.command(&[
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "~*",
+        "resetchannels",
+        "+@all",
+        "-subscribe",
+    ]);
     let acl_url = redis.url().replace("redis://", "redis://locker:pw@");
     let d = driver(url(&acl_url), "acl", &[("pollIntervalMs", 20.0)]);
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
@@ -147,7 +194,10 @@ async fn a_refused_subscription_falls_back_to_polling_for_good() {
         let d = d.clone();
         async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
     });
-    eventually("the refusal", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Unsupported).await;
+    eventually("the refusal", Duration::from_secs(3), || {
+        d.subscription_state() == SubscriptionState::Unsupported
+    })
+    .await;
     d.release(&held).await.unwrap();
     waiter.await.unwrap().unwrap();
     assert_eq!(d.subscription_state(), SubscriptionState::Unsupported);
@@ -174,10 +224,17 @@ async fn a_subscribe_connection_whose_handshake_is_refused_is_a_failure_not_unsu
         async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
     });
     eventually("the refused subscription", Duration::from_secs(3), || {
-        matches!(d.subscription_state(), SubscriptionState::Failed(_) | SubscriptionState::Unsupported)
+        matches!(
+            d.subscription_state(),
+            SubscriptionState::Failed(_) | SubscriptionState::Unsupported
+        )
     })
     .await;
-    assert!(matches!(d.subscription_state(), SubscriptionState::Failed(_)), "{:?}: it must subscribe again later", d.subscription_state());
+    assert!(
+        matches!(d.subscription_state(), SubscriptionState::Failed(_)),
+        "{:?}: it must subscribe again later",
+        d.subscription_state()
+    );
     // The open command connection was left alone: the waiter polls and gets the lock.
     d.release(&held).await.unwrap();
     waiter.await.unwrap().unwrap();
@@ -187,15 +244,25 @@ async fn a_subscribe_connection_whose_handshake_is_refused_is_a_failure_not_unsu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays() {
     let redis = RedisServer::start();
-    let d = driver(url(redis.url()), "killed", &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)]);
+    let d = driver(
+        url(redis.url()),
+        "killed",
+        &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)],
+    );
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({
         let d = d.clone();
         async move { d.acquire("k", Some(3_000), CancellationToken::new()).await }
     });
-    eventually("the live state", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    eventually("the live state", Duration::from_secs(3), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     redis.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
-    eventually("the failure", Duration::from_secs(3), || matches!(d.subscription_state(), SubscriptionState::Failed(_))).await;
+    eventually("the failure", Duration::from_secs(3), || {
+        matches!(d.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
     let released_at = Instant::now();
     d.release(&held).await.unwrap();
     let got = waiter.await.unwrap().unwrap();
@@ -206,7 +273,10 @@ async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays(
 
     // A waiter within 5 s of the failure does not resubscribe.
     let held = d.acquire("k", None, CancellationToken::new()).await.unwrap();
-    assert_eq!(d.acquire("k", Some(100), CancellationToken::new()).await.unwrap_err().code, LockErrorCode::WaitTimeout);
+    assert_eq!(
+        d.acquire("k", Some(100), CancellationToken::new()).await.unwrap_err().code,
+        LockErrorCode::WaitTimeout
+    );
     assert!(matches!(d.subscription_state(), SubscriptionState::Failed(_)));
     assert_eq!(numsub(&redis, "killed:lock-released"), "0");
 
@@ -217,7 +287,10 @@ async fn a_killed_subscription_is_ridden_out_by_polling_and_no_waiter_overstays(
         let d = d.clone();
         async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
     });
-    eventually("the new subscription", Duration::from_secs(3), || numsub(&redis, "killed:lock-released") == "1").await;
+    eventually("the new subscription", Duration::from_secs(3), || {
+        numsub(&redis, "killed:lock-released") == "1"
+    })
+    .await;
     d.release(&held).await.unwrap();
     waiter.await.unwrap().unwrap();
     d.shutdown().await.unwrap();
@@ -232,7 +305,10 @@ async fn the_next_waiter_does_not_ask_redis_while_its_predecessor_holds_the_key(
         let d = d.clone();
         async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
     });
-    eventually("the subscription", Duration::from_secs(3), || d.subscription_state() == SubscriptionState::Live).await;
+    eventually("the subscription", Duration::from_secs(3), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     let third = tokio::spawn({
         let d = d.clone();
         async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
@@ -270,8 +346,14 @@ async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
             let d = theirs.clone();
             async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
         });
-        eventually("both subscriptions", Duration::from_secs(3), || numsub(&redis, "fair:lock-released") == "2").await;
-        eventually("both waiters", Duration::from_secs(3), || ours.waiters() == 1 && theirs.waiters() == 1).await;
+        eventually("both subscriptions", Duration::from_secs(3), || {
+            numsub(&redis, "fair:lock-released") == "2"
+        })
+        .await;
+        eventually("both waiters", Duration::from_secs(3), || {
+            ours.waiters() == 1 && theirs.waiters() == 1
+        })
+        .await;
         // Both heard "busy" and now wait for the release notification.
         tokio::time::sleep(Duration::from_millis(50)).await;
         ours.release(&held).await.unwrap();
@@ -283,14 +365,19 @@ async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
         if round > 0 && theirs_won {
             theirs_first += 1;
         }
-        let (winner_driver, loser_driver) = if theirs_won { (&theirs, &ours) } else { (&ours, &theirs) };
+        let (winner_driver, loser_driver) =
+            if theirs_won { (&theirs, &ours) } else { (&ours, &theirs) };
         assert!(winner_driver.release(&winner).await.unwrap());
         let last = loser.await.unwrap().unwrap();
         assert!(loser_driver.release(&last).await.unwrap());
     }
     // Without the head start both runtimes race from the same notification and the
     // releasing one, awake already, wins most; with it, the other backend goes first.
-    assert!(theirs_first >= rounds - 4, "the other backend went first in {theirs_first} of {} hand-offs", rounds - 1);
+    assert!(
+        theirs_first >= rounds - 4,
+        "the other backend went first in {theirs_first} of {} hand-offs",
+        rounds - 1
+    );
     ours.shutdown().await.unwrap();
     theirs.shutdown().await.unwrap();
 }

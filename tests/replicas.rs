@@ -36,7 +36,10 @@ fn primary_and_replica() -> (RedisServer, RedisServer) {
 fn acked_offset(primary: &RedisServer) -> u64 {
     let info = primary.command(&["INFO", "replication"]);
     let line = info.lines().find(|l| l.starts_with("slave0:")).unwrap_or_default();
-    line.split(',').find_map(|f| f.strip_prefix("offset=")).and_then(|n| n.parse().ok()).unwrap_or(0)
+    line.split(',')
+        .find_map(|f| f.strip_prefix("offset="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 fn get(redis: &RedisServer, key: &str) -> String {
@@ -57,7 +60,8 @@ async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<Arc<Lease>, Lock
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_min_replicas_1_the_lease_and_its_fence_are_on_the_replica_when_handed_out_and_renews_wait_too() {
+async fn with_min_replicas_1_the_lease_and_its_fence_are_on_the_replica_when_handed_out_and_renews_wait_too(
+) {
     if support::external() {
         return;
     }
@@ -98,13 +102,18 @@ async fn a_stopped_replica_fails_a_zero_wait_acquire_retryably_and_leaves_no_loc
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let d = driver(url(primary.url()), "stopped", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0)]);
+    let d =
+        driver(url(primary.url()), "stopped", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0)]);
     let lock_key = dokebi_lock_redis::keys::KeyNames::new("stopped", "job").lock;
     replica.pause();
     let started = Instant::now();
     let err = acquire(&d, "job", 0).await.unwrap_err();
     assert_too_few_replicas(&err);
-    assert!(started.elapsed() < Duration::from_secs(2), "waitTimeoutMs 0 fails after one WAIT: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waitTimeoutMs 0 fails after one WAIT: {:?}",
+        started.elapsed()
+    );
     // The script did win on the primary; the background release by token takes it back.
     eventually("the lock key is released on the primary", Duration::from_secs(3), || {
         value(&primary.command(&["EXISTS", &lock_key])) == "0"
@@ -121,17 +130,22 @@ async fn a_waiting_acquire_rides_out_a_stopped_replica_and_gets_the_lock_once_it
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let d = driver(url(primary.url()), "ride", &[("minReplicas", 1.0), ("replicaTimeoutMs", 100.0)]);
+    let d =
+        driver(url(primary.url()), "ride", &[("minReplicas", 1.0), ("replicaTimeoutMs", 100.0)]);
     replica.pause();
     let waiter = tokio::spawn({
         let d = d.clone();
         async move { acquire(&d, "job", 20_000).await }
     });
     // Two WAITs that timed out: the acquire failed twice and is still waiting.
-    eventually("two unacknowledged attempts", Duration::from_secs(10), || calls(&primary, "wait") >= 2).await;
+    eventually("two unacknowledged attempts", Duration::from_secs(10), || {
+        calls(&primary, "wait") >= 2
+    })
+    .await;
     assert!(!waiter.is_finished());
     replica.resume();
-    let lease = waiter.await.unwrap().expect("the waiting acquire gets the lock once the replica is back");
+    let lease =
+        waiter.await.unwrap().expect("the waiting acquire gets the lock once the replica is back");
     assert_eq!(get(&replica, &lease.keys.lock), lease.token);
     assert_eq!(get(&replica, &lease.keys.fence), lease.fence);
     assert!(d.release(&lease).await.unwrap());
@@ -144,7 +158,11 @@ async fn a_renew_during_a_stopped_replica_rejects_retryably_and_does_not_extend_
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let d = driver(url(primary.url()), "renew", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0), ("leaseMs", 4_000.0)]);
+    let d = driver(
+        url(primary.url()),
+        "renew",
+        &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0), ("leaseMs", 4_000.0)],
+    );
     let lease = acquire(&d, "job", 0).await.unwrap();
     // Let the lease age, so that an extension to a full leaseMs would show.
     eventually("the lease to age", Duration::from_secs(4), || lease.remaining_ms() < 3_000).await;
@@ -154,8 +172,14 @@ async fn a_renew_during_a_stopped_replica_rejects_retryably_and_does_not_extend_
     assert!(lease.valid(), "the lease stays valid until its old deadline");
     assert!(lease.remaining_ms() < 3_000, "not extended: {} ms left", lease.remaining_ms());
     replica.resume();
-    if let Err(e) = d.renew(&lease).await { panic!("renew after resume: {e:?}") }
-    assert!(lease.remaining_ms() > 3_000, "a confirmed renew extends: {} ms left", lease.remaining_ms());
+    if let Err(e) = d.renew(&lease).await {
+        panic!("renew after resume: {e:?}")
+    }
+    assert!(
+        lease.remaining_ms() > 3_000,
+        "a confirmed renew extends: {} ms left",
+        lease.remaining_ms()
+    );
     assert!(d.release(&lease).await.unwrap());
     d.shutdown().await.unwrap();
 }
@@ -167,7 +191,11 @@ async fn winners_share_one_wait_so_an_unrelated_release_waits_behind_one_wait_at
     }
     let (primary, replica) = primary_and_replica();
     let timeout_ms = 1_000u64;
-    let d = driver(url(primary.url()), "stall", &[("minReplicas", 1.0), ("replicaTimeoutMs", timeout_ms as f64)]);
+    let d = driver(
+        url(primary.url()),
+        "stall",
+        &[("minReplicas", 1.0), ("replicaTimeoutMs", timeout_ms as f64)],
+    );
     // Load the release script first: a NOSCRIPT fallback would be a second command, sent
     // behind the next WAIT.
     let warm = acquire(&d, "warm", 0).await.unwrap();
@@ -189,7 +217,10 @@ async fn winners_share_one_wait_so_an_unrelated_release_waits_behind_one_wait_at
     let released = d.release(&held).await;
     let stalled = started.elapsed();
     assert!(released.unwrap());
-    assert!(stalled < Duration::from_millis(timeout_ms * 2), "the release waited {stalled:?} behind WAITs");
+    assert!(
+        stalled < Duration::from_millis(timeout_ms * 2),
+        "the release waited {stalled:?} behind WAITs"
+    );
     for w in winners {
         assert_too_few_replicas(&w.await.unwrap().unwrap_err());
     }
@@ -200,7 +231,10 @@ async fn winners_share_one_wait_so_an_unrelated_release_waits_behind_one_wait_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
-    let connection = common::connection("redis://127.0.0.1:1", &[("cluster", dokebi_lock_redis::Raw::Bool(true))]);
+    let connection = common::connection(
+        "redis://127.0.0.1:1",
+        &[("cluster", dokebi_lock_redis::Raw::Bool(true))],
+    );
     let backend = dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
         ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
         ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
@@ -213,7 +247,6 @@ async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
     assert_eq!(err.code, LockErrorCode::InvalidOptions);
     assert!(err.message.contains("minReplicas"), "{}", err.message);
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
@@ -230,7 +263,6 @@ async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
     d.shutdown().await.unwrap();
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and_leaves_no_lock() {
     if support::external() {
@@ -243,7 +275,8 @@ async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and
         setuser.extend(extra);
         assert!(primary.command(&setuser).starts_with("+OK"));
     }
-    let as_user = |user: &str| url(&primary.url().replace("redis://", &format!("redis://{user}:s3cret@")));
+    let as_user =
+        |user: &str| url(&primary.url().replace("redis://", &format!("redis://{user}:s3cret@")));
     let lock_key = dokebi_lock_redis::keys::KeyNames::new("locks", "job").lock;
 
     // Without +wait: the refusal itself, not "too few replicas", and not ridden out.
@@ -252,8 +285,14 @@ async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and
     let err = acquire(&d, "job", 5_000).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3), "a refusal ends the wait at once");
     let cause = err.cause.as_ref().expect("cause");
-    assert_eq!((err.code, cause.server_code.as_deref(), cause.retryable()), (LockErrorCode::ProviderFailed, Some("NOPERM"), false));
-    eventually("the refused acquire is released", Duration::from_secs(3), || value(&primary.command(&["EXISTS", &lock_key])) == "0").await;
+    assert_eq!(
+        (err.code, cause.server_code.as_deref(), cause.retryable()),
+        (LockErrorCode::ProviderFailed, Some("NOPERM"), false)
+    );
+    eventually("the refused acquire is released", Duration::from_secs(3), || {
+        value(&primary.command(&["EXISTS", &lock_key])) == "0"
+    })
+    .await;
     d.shutdown().await.unwrap();
 
     // With +wait: acquire, renew and release work.
@@ -278,7 +317,8 @@ async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let d = driver(url(primary.url()), "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
+    let d =
+        driver(url(primary.url()), "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
     let lock_key = dokebi_lock_redis::keys::KeyNames::new("lost", "job").lock;
     replica.pause();
     let attempt = tokio::spawn({
@@ -291,7 +331,10 @@ async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown
     let err = attempt.await.unwrap().unwrap_err();
     // The script's own reply settled the write; only its replication is unknown.
     assert_too_few_replicas(&err);
-    assert!(started.elapsed() < Duration::from_secs(5), "failed when the connection went, not at replicaTimeoutMs");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "failed when the connection went, not at replicaTimeoutMs"
+    );
     eventually("the lock key is released on the primary", Duration::from_secs(3), || {
         value(&primary.command(&["EXISTS", &lock_key])) == "0"
     })
@@ -301,12 +344,16 @@ async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_replica_and_command_timeouts() {
+async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_replica_and_command_timeouts(
+) {
     if support::external() {
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let connection = common::connection(primary.url(), &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(300.0))]);
+    let connection = common::connection(
+        primary.url(),
+        &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(300.0))],
+    );
     // Stopped well before replicaTimeoutMs, the primary can never answer: only our own
     // limit (replicaTimeoutMs + commandTimeoutMs) ends the WAIT.
     let d = driver(connection, "stalled", &[("minReplicas", 1.0), ("replicaTimeoutMs", 2_000.0)]);
@@ -372,7 +419,10 @@ async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_sa
         assert_eq!(failure.server_code.as_deref(), Some("NOREPLICAS"), "{failure:?}");
     }
     // One limit is 1.3 s; a second round on the stalled connection would end near 2.6 s.
-    assert!(elapsed < Duration::from_millis(2_000), "the second round waited out the stalled connection again: {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(2_000),
+        "the second round waited out the stalled connection again: {elapsed:?}"
+    );
     primary.resume();
     replica.resume();
 }

@@ -45,7 +45,10 @@ fn fence(lease: &dokebi_lock_redis::Lease) -> u128 {
 fn replicated(primary: &RedisServer, replica: &RedisServer) {
     let offset = |server: &RedisServer, field: &str| -> u64 {
         let info = server.command(&["INFO", "replication"]);
-        info.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        info.lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     };
     let written = offset(primary, "master_repl_offset:");
     let end = Instant::now() + Duration::from_secs(5);
@@ -76,12 +79,17 @@ fn cluster_of(count: usize, extra_conf: &[&str]) -> (RedisServer, Vec<RedisServe
     (primary, replicas, sentinel)
 }
 
-async fn acquire(d: &Driver, key: &str, wait_ms: u32) -> Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError> {
+async fn acquire(
+    d: &Driver,
+    key: &str,
+    wait_ms: u32,
+) -> Result<std::sync::Arc<dokebi_lock_redis::Lease>, dokebi_lock_redis::LockError> {
     d.acquire(key, Some(wait_ms), CancellationToken::new()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_it_still_accepts_writes() {
+async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_it_still_accepts_writes(
+) {
     if support::external() {
         return; // needs throwaway servers to fail over
     }
@@ -94,8 +102,15 @@ async fn after_a_graceful_failover_no_lock_is_taken_on_the_old_primary_although_
 
     sentinel.failover(Duration::from_secs(10));
     // The condition: the driver heard Sentinel's +switch-master.
-    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
-    assert_eq!(role(&old), "master", "the old primary is not converted yet: a lock taken there would be lost");
+    eventually("the driver to hear the switch", Duration::from_secs(10), || {
+        d.primary_switches() >= 1
+    })
+    .await;
+    assert_eq!(
+        role(&old),
+        "master",
+        "the old primary is not converted yet: a lock taken there would be lost"
+    );
     assert_eq!(old.command(&["SET", "probe", "1"]), "+OK\r\n", "and it accepts writes");
 
     let after = acquire(&d, "k", 0).await.unwrap();
@@ -131,7 +146,10 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
         let waiter = waiter.clone();
         tokio::spawn(async move { acquire(&waiter, "k", 20_000).await })
     };
-    eventually("the acquire to wait on the old primary", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    eventually("the acquire to wait on the old primary", Duration::from_secs(5), || {
+        waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     old.kill();
     let lease = wait.await.unwrap().expect("the waiting acquire rode the failover out");
     assert!(started.elapsed() < Duration::from_secs(20));
@@ -160,20 +178,34 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
         let waiter = waiter.clone();
         tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
     };
-    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    eventually("the waiter's subscription", Duration::from_secs(5), || {
+        waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     replicated(&old, &new);
 
     sentinel.failover(Duration::from_secs(10));
     // The condition: both drivers heard Sentinel's +switch-master. Whether the waiter's
     // subscription has moved yet or not, only a subscription that follows the primary
     // explains a quick wake (a late one wakes its waiters when it is confirmed).
-    eventually("both drivers to hear the switch", Duration::from_secs(10), || waiter.primary_switches() >= 1 && holder.primary_switches() >= 1).await;
+    eventually("both drivers to hear the switch", Duration::from_secs(10), || {
+        waiter.primary_switches() >= 1 && holder.primary_switches() >= 1
+    })
+    .await;
 
     let released_at = Instant::now();
     assert!(holder.release(&held).await.unwrap());
     assert!(holds(&old, "wake", "k"), "the release ran on the new primary, not the old one");
-    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
-    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("woken before the safety poll")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_secs(5),
+        "woken {:?} after the release",
+        released_at.elapsed()
+    );
     assert!(holds(&new, "wake", "k"));
     assert!(fence(&lease) > fence(&held));
     assert!(waiter.subscriptions() >= 2, "the subscription moved to the new primary");
@@ -183,7 +215,8 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_primary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_waiting_out_its_failure() {
+async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_waiting_out_its_failure(
+) {
     if support::external() {
         return; // needs throwaway servers to fail over
     }
@@ -198,14 +231,20 @@ async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_wa
         let waiter = waiter.clone();
         tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
     };
-    eventually("the waiter's subscription", Duration::from_secs(5), || waiter.subscription_state() == SubscriptionState::Live).await;
+    eventually("the waiter's subscription", Duration::from_secs(5), || {
+        waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
 
     old.kill();
     eventually("the subscription to fail with its primary", Duration::from_secs(5), || {
         matches!(waiter.subscription_state(), SubscriptionState::Failed(_))
     })
     .await;
-    eventually("the waiter to hear of the new primary", Duration::from_secs(15), || waiter.primary_switches() >= 1).await;
+    eventually("the waiter to hear of the new primary", Duration::from_secs(15), || {
+        waiter.primary_switches() >= 1
+    })
+    .await;
     // The condition: a new primary is known. Waiting out the failure (5 s, then a waiter's
     // next try, 20 s away here) would leave the waiter polling through the failover.
     let switched_at = Instant::now();
@@ -216,11 +255,25 @@ async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_wa
     assert!(switched_at.elapsed() < Duration::from_secs(4));
     assert!(waiter.subscriptions() >= 2, "subscribed again, on the new primary");
 
-    eventually("the holder to hear of the new primary", Duration::from_secs(10), || holder.primary_switches() >= 1).await;
+    eventually("the holder to hear of the new primary", Duration::from_secs(10), || {
+        holder.primary_switches() >= 1
+    })
+    .await;
     let released_at = Instant::now();
-    assert!(holder.release(&held).await.unwrap(), "the replicated lease is released on the new primary");
-    let lease = tokio::time::timeout(Duration::from_secs(10), wait).await.expect("woken before the safety poll").unwrap().unwrap();
-    assert!(released_at.elapsed() < Duration::from_secs(5), "woken {:?} after the release", released_at.elapsed());
+    assert!(
+        holder.release(&held).await.unwrap(),
+        "the replicated lease is released on the new primary"
+    );
+    let lease = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("woken before the safety poll")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released_at.elapsed() < Duration::from_secs(5),
+        "woken {:?} after the release",
+        released_at.elapsed()
+    );
     assert!(holds(&new, "killed-sub", "k"));
     assert!(fence(&lease) > fence(&held));
     assert!(waiter.release(&lease).await.unwrap());
@@ -278,22 +331,34 @@ async fn stand_in_sentinel(primary_port: u16, on_subscribe: OnSubscribe) -> Fake
                 let mut lines = BufReader::new(read).lines();
                 // Commands arrive as RESP arrays of bulk strings: `*n`, then `$len` + word pairs.
                 while let Ok(Some(header)) = lines.next_line().await {
-                    let Some(count) = header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok()) else { continue };
+                    let Some(count) =
+                        header.strip_prefix('*').and_then(|n| n.parse::<usize>().ok())
+                    else {
+                        continue;
+                    };
                     let mut words = Vec::new();
                     for _ in 0..count {
                         let _ = lines.next_line().await;
                         words.push(lines.next_line().await.ok().flatten().unwrap_or_default());
                     }
                     let command = words.first().map(|w| w.to_ascii_uppercase());
-                    if command.as_deref() == Some("SUBSCRIBE") && on_subscribe == OnSubscribe::ConfirmAndDrop {
+                    if command.as_deref() == Some("SUBSCRIBE")
+                        && on_subscribe == OnSubscribe::ConfirmAndDrop
+                    {
                         subscriptions.fetch_add(1, Ordering::SeqCst);
                         let channel = words.get(1).cloned().unwrap_or_default();
-                        let confirmed = format!("*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n", channel.len());
+                        let confirmed = format!(
+                            "*3\r\n$9\r\nsubscribe\r\n${}\r\n{channel}\r\n:1\r\n",
+                            channel.len()
+                        );
                         let _ = write.write_all(confirmed.as_bytes()).await;
                         return; // and the connection is gone
                     }
                     let reply = match command.as_deref() {
-                        Some("SENTINEL") => format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n", primary_port.to_string().len()),
+                        Some("SENTINEL") => format!(
+                            "*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{primary_port}\r\n",
+                            primary_port.to_string().len()
+                        ),
                         Some("PING") => "+PONG\r\n".to_owned(),
                         Some("CLIENT") => "+OK\r\n".to_owned(),
                         _ => "-ERR unknown command\r\n".to_owned(),
@@ -317,9 +382,16 @@ async fn a_sentinel_that_drops_every_subscription_at_once_is_not_asked_again_in_
     let primary = RedisServer::start();
     let dropping = stand_in_sentinel(port_of(&primary), OnSubscribe::ConfirmAndDrop).await;
     let (port, subscriptions) = (dropping.port, dropping.subscriptions);
-    let d = driver(common::url(&format!("redis-sentinel://127.0.0.1:{port}#{MASTER}")), "dropping", &[]);
+    let d = driver(
+        common::url(&format!("redis-sentinel://127.0.0.1:{port}#{MASTER}")),
+        "dropping",
+        &[],
+    );
     let lease = acquire(&d, "k", 0).await.unwrap(); // connected: the watcher starts
-    eventually("the watcher to subscribe", Duration::from_secs(5), || subscriptions.load(Ordering::SeqCst) >= 1).await;
+    eventually("the watcher to subscribe", Duration::from_secs(5), || {
+        subscriptions.load(Ordering::SeqCst) >= 1
+    })
+    .await;
     let started = subscriptions.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let again = subscriptions.load(Ordering::SeqCst) - started;
@@ -371,20 +443,29 @@ async fn a_sentinel_answer_that_arrives_after_shutdown_leaves_no_sentinel_connec
         let d = d.clone();
         tokio::spawn(async move { acquire(&d, "k", 0).await })
     };
-    eventually("the first Sentinel to be asked", Duration::from_secs(5), || asked_silent.load(Ordering::SeqCst) >= 1).await;
+    eventually("the first Sentinel to be asked", Duration::from_secs(5), || {
+        asked_silent.load(Ordering::SeqCst) >= 1
+    })
+    .await;
     let _ = d.shutdown().await;
     let err = acquiring.await.unwrap().unwrap_err();
     assert_eq!(err.code, LockErrorCode::ShutDown);
     // The resolution goes on (bounded by connectTimeoutMs) and the second Sentinel answers.
-    eventually("the second Sentinel to be asked", Duration::from_secs(5), || answering.accepted.load(Ordering::SeqCst) >= 1).await;
-    eventually("no Sentinel connection of the shut-down driver to stay open", Duration::from_secs(5), || {
-        answering.open.load(Ordering::SeqCst) == 0
+    eventually("the second Sentinel to be asked", Duration::from_secs(5), || {
+        answering.accepted.load(Ordering::SeqCst) >= 1
     })
+    .await;
+    eventually(
+        "no Sentinel connection of the shut-down driver to stay open",
+        Duration::from_secs(5),
+        || answering.open.load(Ordering::SeqCst) == 0,
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_every_sentinel_down_a_failed_subscription_does_not_cut_the_healthy_primary_connection() {
+async fn with_every_sentinel_down_a_failed_subscription_does_not_cut_the_healthy_primary_connection(
+) {
     if support::external() {
         return; // needs throwaway servers
     }
@@ -421,14 +502,16 @@ fn port_of(server: &RedisServer) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_back_to_the_old_primary() {
+async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_back_to_the_old_primary(
+) {
     if support::external() {
         return; // needs throwaway servers to fail over
     }
     let (old, new, sentinel) = cluster(&[]);
     let lagging = lagging_sentinel(port_of(&old)).await;
     // The lagging Sentinel is listed first: it is asked first, and answers.
-    let url = format!("redis-sentinel://127.0.0.1:{lagging},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let url =
+        format!("redis-sentinel://127.0.0.1:{lagging},127.0.0.1:{}#{MASTER}", sentinel.port());
     let d = driver(common::url(&url), "lagging", &[]);
     let before = acquire(&d, "k", 0).await.unwrap();
     assert!(holds(&old, "lagging", "k"));
@@ -438,11 +521,17 @@ async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_ba
     sentinel.failover(Duration::from_secs(10));
     // The condition: the driver heard `+switch-master` (from the second Sentinel), while the
     // first still names the old primary, which still answers ROLE master and takes writes.
-    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    eventually("the driver to hear the switch", Duration::from_secs(10), || {
+        d.primary_switches() >= 1
+    })
+    .await;
     assert_eq!(role(&old), "master");
 
     let after = acquire(&d, "k", 0).await.unwrap();
-    assert!(!holds(&old, "lagging", "k"), "no lock on the old primary after the switch was announced: it would be lost");
+    assert!(
+        !holds(&old, "lagging", "k"),
+        "no lock on the old primary after the switch was announced: it would be lost"
+    );
     assert!(holds(&new, "lagging", "k"), "the lock is on the announced primary");
     assert_eq!(role(&old), "master", "the old primary still took writes while this lock was taken");
     assert!(fence(&after) > fence(&before));
@@ -452,7 +541,8 @@ async fn after_hearing_a_switch_the_driver_does_not_follow_a_lagging_sentinel_ba
 
 /// A Sentinel user that may ask for the primary but not subscribe: this driver never hears
 /// `+switch-master` and stays on the old primary until that refuses its writes.
-const NO_SUBSCRIBE: &str = "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
+const NO_SUBSCRIBE: &str =
+    "user asker on >asker-pw -@all +sentinel|get-master-addr-by-name +ping +hello +auth +client";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_again() {
@@ -462,7 +552,10 @@ async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_agai
     let (old, new, sentinel) = cluster(&[NO_SUBSCRIBE]);
     let connection = common::connection(
         &sentinel_url(&[&sentinel]),
-        &[("sentinelUsername", Raw::String("asker".into())), ("sentinelPassword", Raw::String("asker-pw".into()))],
+        &[
+            ("sentinelUsername", Raw::String("asker".into())),
+            ("sentinelPassword", Raw::String("asker-pw".into())),
+        ],
     );
     let d = driver(connection, "demoted", &[]);
     let first = acquire(&d, "a", 0).await.unwrap();
@@ -486,7 +579,8 @@ async fn a_demoted_primary_answering_readonly_makes_the_driver_ask_sentinel_agai
     let cause = refused.cause.as_ref().unwrap();
     assert_eq!((cause.server_code.as_deref(), cause.retryable()), (Some("READONLY"), true));
 
-    let lease = acquire(&d, "b", 0).await.expect("the next acquire goes to the primary Sentinel names now");
+    let lease =
+        acquire(&d, "b", 0).await.expect("the next acquire goes to the primary Sentinel names now");
     assert!(holds(&new, "demoted", "b"));
     assert!(fence(&lease) > 0 && fence(&first) > 0);
     assert!(d.release(&lease).await.unwrap());
@@ -511,7 +605,10 @@ async fn a_node_sentinel_names_that_reports_itself_a_replica_takes_no_lock() {
     let err = acquire(&d, "k", 0).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed);
     let cause = err.cause.as_ref().unwrap();
-    assert_eq!((cause.code, cause.outcome, cause.retryable()), (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, true));
+    assert_eq!(
+        (cause.code, cause.outcome, cause.retryable()),
+        (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, true)
+    );
     // A waiting acquire rides it out until its wait ends, then reports it.
     let started = Instant::now();
     let err = acquire(&d, "k", 300).await.unwrap_err();
@@ -537,12 +634,20 @@ async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_ad
     d.shutdown().await.unwrap();
 
     // A master name no Sentinel knows: PROVIDER_FAILED, nothing sent, no address or secret told.
-    let unknown = format!("redis-sentinel://:data-secret@127.0.0.1:{gone},127.0.0.1:{}#nobody", sentinel.port());
+    let unknown = format!(
+        "redis-sentinel://:data-secret@127.0.0.1:{gone},127.0.0.1:{}#nobody",
+        sentinel.port()
+    );
     let d = driver(common::url(&unknown), "order", &[]);
     let err = acquire(&d, "k", 0).await.unwrap_err();
     assert_eq!(err.code, LockErrorCode::ProviderFailed);
     let text = format!("{err:?}");
-    assert!(!text.contains("127.0.0.1") && !text.contains(&gone.to_string()) && !text.contains("data-secret"), "{text}");
+    assert!(
+        !text.contains("127.0.0.1")
+            && !text.contains(&gone.to_string())
+            && !text.contains("data-secret"),
+        "{text}"
+    );
     d.shutdown().await.unwrap();
 }
 
@@ -568,7 +673,10 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
 
     // Graceful: Sentinel promotes one replica and points the other at it.
     sentinel.failover(Duration::from_secs(10));
-    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    eventually("the driver to hear the switch", Duration::from_secs(10), || {
+        d.primary_switches() >= 1
+    })
+    .await;
     let promoted = match sentinel.primary_port() {
         Some(port) if port == second.port => &second,
         Some(port) if port == third.port => &third,
@@ -595,13 +703,19 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
         let last = last.clone();
         tokio::spawn(async move { acquire(&last, "k", 20_000).await })
     };
-    eventually("the acquire to wait", Duration::from_secs(5), || last.subscription_state() == SubscriptionState::Live).await;
+    eventually("the acquire to wait", Duration::from_secs(5), || {
+        last.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     let promoted_port = promoted.port;
     let mut promoted = if promoted_port == second.port { second } else { third };
     promoted.kill();
     let lease = wait.await.unwrap().expect("the waiting acquire rode the second failover out");
     fences.push(fence(&lease));
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences rise across every failover: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences rise across every failover: {fences:?}"
+    );
     assert!(d.primary_switches() >= 1 && last.primary_switches() >= 1);
     assert!(last.release(&lease).await.unwrap());
     last.shutdown().await.unwrap();
@@ -626,8 +740,13 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
         assert!(node.command(&setuser).starts_with("+OK"));
     }
     let url = format!("redis-sentinel://locker:s3cret@127.0.0.1:{}#{MASTER}", sentinel.port());
-    let connection =
-        common::connection(&url, &[("sentinelUsername", Raw::String("watcher".into())), ("sentinelPassword", Raw::String("w4tcher".into()))]);
+    let connection = common::connection(
+        &url,
+        &[
+            ("sentinelUsername", Raw::String("watcher".into())),
+            ("sentinelPassword", Raw::String("w4tcher".into())),
+        ],
+    );
     let slow = [("pollIntervalMs", 20_000.0), ("notifyPollIntervalMs", 20_000.0)];
     let d = driver(connection, "locks", &slow);
 
@@ -637,19 +756,34 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
         let d = d.clone();
         tokio::spawn(async move { acquire(&d, "k", 30_000).await })
     };
-    eventually("the subscription", Duration::from_secs(5), || d.subscription_state() == SubscriptionState::Live).await;
+    eventually("the subscription", Duration::from_secs(5), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
     replicated(&old, &new);
     sentinel.failover(Duration::from_secs(10));
-    eventually("the switch to be heard", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    eventually("the switch to be heard", Duration::from_secs(10), || d.primary_switches() >= 1)
+        .await;
     d.renew(&held).await.unwrap();
     assert!(d.release(&held).await.unwrap());
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken by the notification").unwrap().unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("woken by the notification")
+        .unwrap()
+        .unwrap();
     assert!(holds(&new, "locks", "k"));
     assert!(d.release(&next).await.unwrap());
     d.shutdown().await.unwrap();
 
-    for server in [&old.command(&["ACL", "LOG"]), &new.command(&["ACL", "LOG"]), &sentinel.command(&["ACL", "LOG"])] {
-        assert!(!server.contains("locker") && !server.contains("watcher"), "ACL LOG has denials: {server}");
+    for server in [
+        &old.command(&["ACL", "LOG"]),
+        &new.command(&["ACL", "LOG"]),
+        &sentinel.command(&["ACL", "LOG"]),
+    ] {
+        assert!(
+            !server.contains("locker") && !server.contains("watcher"),
+            "ACL LOG has denials: {server}"
+        );
     }
 }
 
@@ -666,14 +800,21 @@ async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
     let d = driver(common::url(&sentinel_url(&[&first, &second])), "watch", &[]);
     let lease = acquire(&d, "k", 0).await.unwrap();
     assert!(d.release(&lease).await.unwrap());
-    let subscribed = |sentinel: &Sentinel| sentinel.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "));
-    eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first)).await;
+    let subscribed = |sentinel: &Sentinel| {
+        sentinel.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "))
+    };
+    eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first))
+        .await;
 
     first.server.kill();
-    eventually("the watcher on the next Sentinel", Duration::from_secs(5), || subscribed(&second)).await;
+    eventually("the watcher on the next Sentinel", Duration::from_secs(5), || subscribed(&second))
+        .await;
     replicated(&old, &new);
     second.failover(Duration::from_secs(10));
-    eventually("the driver to hear the switch", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    eventually("the driver to hear the switch", Duration::from_secs(10), || {
+        d.primary_switches() >= 1
+    })
+    .await;
     assert_eq!(role(&old), "master", "the old primary still takes writes");
     let lease = acquire(&d, "k", 0).await.unwrap();
     assert!(holds(&new, "watch", "k") && !holds(&old, "watch", "k"));
@@ -684,13 +825,58 @@ async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
 /// A CA and a certificate for 127.0.0.1 (the openssl CLI), for every node and Sentinel.
 fn certificates(dir: &std::path::Path) {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl").args(args).current_dir(dir).output().expect("openssl runs");
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
-    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=ha-test-ca"]);
-    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1"]);
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ha-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
     std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&["x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.crt", "-days", "2", "-extfile", "ext"]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+    ]);
 }
 
 fn free_port() -> u16 {
@@ -709,11 +895,30 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
     let (cert, key, ca_file) = (path("node.crt"), path("node.key"), path("ca.crt"));
     // Plain ports stay for the harness; replication and Sentinel go over TLS.
     let tls_args = |port: &str| -> Vec<String> {
-        ["--tls-port", port, "--tls-cert-file", &cert, "--tls-key-file", &key, "--tls-ca-cert-file", &ca_file]
-            .iter()
-            .chain(["--tls-auth-clients", "no", "--tls-replication", "yes", "--repl-diskless-sync-delay", "0"].iter())
-            .map(|s| s.to_string())
-            .collect()
+        [
+            "--tls-port",
+            port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca_file,
+        ]
+        .iter()
+        .chain(
+            [
+                "--tls-auth-clients",
+                "no",
+                "--tls-replication",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .iter(),
+        )
+        .map(|s| s.to_string())
+        .collect()
     };
     let (primary_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
     let args = tls_args(&primary_tls.to_string());
@@ -730,7 +935,11 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
         "tls-auth-clients no".to_owned(),
         "tls-replication yes".to_owned(),
     ];
-    let sentinel = Sentinel::start_for_port(MASTER, primary_tls, &conf.iter().map(String::as_str).collect::<Vec<_>>());
+    let sentinel = Sentinel::start_for_port(
+        MASTER,
+        primary_tls,
+        &conf.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
     let end = Instant::now() + Duration::from_secs(10);
     while sentinel.replicas_up() < 1 {
         assert!(Instant::now() < end, "Sentinel did not find the replica");
@@ -739,13 +948,20 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
 
     let ca = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
     let url = format!("rediss-sentinel://127.0.0.1:{sentinel_tls}#{MASTER}");
-    let d = driver(common::connection(&url, &[("tls", Raw::Object(vec![("ca".to_owned(), Raw::String(ca))]))]), "tls", &[]);
+    let d = driver(
+        common::connection(&url, &[("tls", Raw::Object(vec![("ca".to_owned(), Raw::String(ca))]))]),
+        "tls",
+        &[],
+    );
     let before = acquire(&d, "k", 0).await.unwrap();
     assert!(holds(&old, "tls", "k"));
     assert!(d.release(&before).await.unwrap());
     replicated(&old, &new);
     sentinel.failover(Duration::from_secs(10));
-    eventually("the driver to hear the switch over TLS", Duration::from_secs(10), || d.primary_switches() >= 1).await;
+    eventually("the driver to hear the switch over TLS", Duration::from_secs(10), || {
+        d.primary_switches() >= 1
+    })
+    .await;
     let after = acquire(&d, "k", 0).await.unwrap();
     assert!(holds(&new, "tls", "k") && !holds(&old, "tls", "k"));
     assert!(fence(&after) > fence(&before));

@@ -41,7 +41,10 @@ static DUE: AtomicUsize = AtomicUsize::new(0);
 /// experiments; 0 turns it off (docs/decisions/0041, docs/perf/README.md).
 fn stay_awake_for() -> Duration {
     static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_STAY_AWAKE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
+        std::env::var("DOKEBI_LOCK_REDIS_STAY_AWAKE_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100)
     });
     Duration::from_micros(*MICROS)
 }
@@ -83,7 +86,12 @@ struct Settlement {
     value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send>,
 }
 
-unsafe extern "C" fn settle_one(env: sys::napi_env, _js: sys::napi_value, context: *mut c_void, data: *mut c_void) {
+unsafe extern "C" fn settle_one(
+    env: sys::napi_env,
+    _js: sys::napi_value,
+    context: *mut c_void,
+    data: *mut c_void,
+) {
     let settlement = unsafe { Box::from_raw(data.cast::<Settlement>()) };
     // A null env: the environment is being torn down; the promise goes with it.
     if env.is_null() {
@@ -93,7 +101,9 @@ unsafe extern "C" fn settle_one(env: sys::napi_env, _js: sys::napi_value, contex
     unsafe {
         match (settlement.value)(env) {
             Ok(value) => sys::napi_resolve_deferred(env, deferred, value),
-            Err(err) => sys::napi_reject_deferred(env, deferred, JsError::from(err).into_value(env)),
+            Err(err) => {
+                sys::napi_reject_deferred(env, deferred, JsError::from(err).into_value(env))
+            }
         };
     }
     let left = PENDING.with(|p| {
@@ -105,7 +115,9 @@ unsafe extern "C" fn settle_one(env: sys::napi_env, _js: sys::napi_value, contex
         // Nothing pending on this thread: the settler must not keep Node alive.
         let handle = unsafe { &*(context as *const Mutex<Option<usize>>) };
         if let Some(tsfn) = *lock(handle) {
-            unsafe { sys::napi_unref_threadsafe_function(env, tsfn as sys::napi_threadsafe_function) };
+            unsafe {
+                sys::napi_unref_threadsafe_function(env, tsfn as sys::napi_threadsafe_function)
+            };
         }
     }
 }
@@ -115,7 +127,10 @@ unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mu
     *lock(&handle) = None;
 }
 
-unsafe extern "C" fn has_ref_cb(env: sys::napi_env, _info: sys::napi_callback_info) -> sys::napi_value {
+unsafe extern "C" fn has_ref_cb(
+    env: sys::napi_env,
+    _info: sys::napi_callback_info,
+) -> sys::napi_value {
     let mut result = ptr::null_mut();
     let pending = PENDING.with(|p| p.get()) > 0;
     unsafe { sys::napi_get_boolean(env, pending, &mut result) };
@@ -145,7 +160,14 @@ fn settler(env: sys::napi_env) -> Result<Handle> {
         // `hasRef()` tells tools such as Jest's --detectOpenHandles whether it holds Node
         // open now (only while promises are pending), as Node's own handles do.
         check(sys::napi_create_object(env, &mut resource))?;
-        check(sys::napi_create_function(env, c"hasRef".as_ptr(), 6, Some(has_ref_cb), ptr::null_mut(), &mut has_ref))?;
+        check(sys::napi_create_function(
+            env,
+            c"hasRef".as_ptr(),
+            6,
+            Some(has_ref_cb),
+            ptr::null_mut(),
+            &mut has_ref,
+        ))?;
         check(sys::napi_set_named_property(env, resource, c"hasRef".as_ptr(), has_ref))?;
         // The finalizer holds its own reference, released when Node finalizes.
         let finalize_data = Arc::into_raw(handle.clone()) as *mut c_void;
@@ -186,7 +208,12 @@ fn check(status: sys::napi_status) -> Result<()> {
 /// with its output on this JS thread. A panic settles it with `on_panic()` (a LockError
 /// that says an internal error happened) instead of leaving it pending forever, which
 /// would also keep Node alive.
-pub fn spawn<'env, T, F>(env: &'env Env, runtime: &tokio::runtime::Handle, future: F, on_panic: fn() -> T) -> Result<PromiseRaw<'env, T>>
+pub fn spawn<'env, T, F>(
+    env: &'env Env,
+    runtime: &tokio::runtime::Handle,
+    future: F,
+    on_panic: fn() -> T,
+) -> Result<PromiseRaw<'env, T>>
 where
     T: ToNapiValue + Send + 'static,
     F: Future<Output = T> + Send + 'static,
@@ -200,13 +227,21 @@ where
     // would keep the settler ref'd, and Node alive, for good.
     if PENDING.with(|p| p.get()) == 0 {
         if let Some(tsfn) = *lock(&handle) {
-            unsafe { check(sys::napi_ref_threadsafe_function(raw_env, tsfn as sys::napi_threadsafe_function))? };
+            unsafe {
+                check(sys::napi_ref_threadsafe_function(
+                    raw_env,
+                    tsfn as sys::napi_threadsafe_function,
+                ))?
+            };
         }
     }
     PENDING.with(|p| p.set(p.get() + 1));
     let deferred = deferred as usize;
     let due = DUE.fetch_add(1, Ordering::Relaxed) + 1;
-    if due <= STAY_AWAKE_MAX_DUE && !stay_awake_for().is_zero() && !AWAKE.swap(true, Ordering::AcqRel) {
+    if due <= STAY_AWAKE_MAX_DUE
+        && !stay_awake_for().is_zero()
+        && !AWAKE.swap(true, Ordering::AcqRel)
+    {
         runtime.spawn(stay_awake(stay_awake_for()));
     }
     runtime.spawn(async move {

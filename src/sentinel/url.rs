@@ -44,21 +44,29 @@ pub fn is_sentinel_url(url: &str) -> bool {
 impl SentinelUrl {
     /// Parses a Sentinel URL; the error is the rule it broke, without any of its text.
     pub fn parse(url: &str) -> Result<Self, &'static str> {
-        let (scheme, rest) = url.split_once("://").ok_or("connection.url is not a valid Sentinel URL")?;
+        let (scheme, rest) =
+            url.split_once("://").ok_or("connection.url is not a valid Sentinel URL")?;
         let tls = match scheme.to_ascii_lowercase().as_str() {
             "redis-sentinel" => false,
             "rediss-sentinel" => true,
             _ => return Err("connection.url is not a valid Sentinel URL"),
         };
-        let (rest, master_name) = match rest.split_once('#') {
-            Some((rest, name)) => (rest, name),
-            None => return Err("connection.url needs #masterName (the name Sentinel monitors the primary by)"),
-        };
+        let (rest, master_name) =
+            match rest.split_once('#') {
+                Some((rest, name)) => (rest, name),
+                None => return Err(
+                    "connection.url needs #masterName (the name Sentinel monitors the primary by)",
+                ),
+            };
         if master_name.is_empty() {
-            return Err("connection.url needs #masterName (the name Sentinel monitors the primary by)");
+            return Err(
+                "connection.url needs #masterName (the name Sentinel monitors the primary by)",
+            );
         }
         if master_name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("connection.url's #masterName must not contain whitespace or control characters");
+            return Err(
+                "connection.url's #masterName must not contain whitespace or control characters",
+            );
         }
         if rest.contains('?') {
             return Err("connection.url of a Sentinel takes no ?query");
@@ -75,14 +83,24 @@ impl SentinelUrl {
             None => (None, authority),
         };
         let sentinels = hosts.split(',').map(with_port).collect::<Result<Vec<_>, _>>()?;
-        let parsed = Self { tls, sentinels, master_name: master_name.to_owned(), userinfo, db: db.to_owned() };
+        let parsed = Self {
+            tls,
+            sentinels,
+            master_name: master_name.to_owned(),
+            userinfo,
+            db: db.to_owned(),
+        };
         // The data nodes' settings (credentials, database) as redis-rs reads them.
         let sample = parsed.node_url(&parsed.sentinels[0]);
         if redis::IntoConnectionInfo::into_connection_info(sample.as_str()).is_err() {
             return Err("connection.url is not a valid Sentinel URL");
         }
         for sentinel in &parsed.sentinels {
-            if redis::IntoConnectionInfo::into_connection_info(parsed.sentinel_url(sentinel).as_str()).is_err() {
+            if redis::IntoConnectionInfo::into_connection_info(
+                parsed.sentinel_url(sentinel).as_str(),
+            )
+            .is_err()
+            {
                 return Err("connection.url lists a Sentinel that is not a valid host[:port]");
             }
         }
@@ -121,7 +139,13 @@ fn with_port(host: &str) -> Result<String, &'static str> {
     };
     match port {
         None => Ok(format!("{host}:{SENTINEL_PORT}")),
-        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|p| p > 0) => Ok(host.to_owned()),
+        Some(p)
+            if !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && p.parse::<u16>().is_ok_and(|p| p > 0) =>
+        {
+            Ok(host.to_owned())
+        }
         Some(_) => Err(RULE),
     }
 }
@@ -132,13 +156,19 @@ mod tests {
 
     #[test]
     fn hosts_get_the_sentinel_port_and_keep_their_order() {
-        let u = SentinelUrl::parse("redis-sentinel://:p%40ss@s1,s2:26380,[::1],[::1]:5/3#mymaster").unwrap();
+        let u = SentinelUrl::parse("redis-sentinel://:p%40ss@s1,s2:26380,[::1],[::1]:5/3#mymaster")
+            .unwrap();
         assert_eq!(u.sentinels, ["s1:26379", "s2:26380", "[::1]:26379", "[::1]:5"]);
         assert_eq!(u.master_name, "mymaster");
         assert!(!u.tls);
         assert_eq!(u.node_url("10.0.0.1:6379"), "redis://:p%40ss@10.0.0.1:6379/3");
-        let info = redis::IntoConnectionInfo::into_connection_info(u.node_url("10.0.0.1:6379").as_str()).unwrap();
-        assert_eq!((info.redis_settings().password(), info.redis_settings().db()), (Some("p@ss"), 3));
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(u.node_url("10.0.0.1:6379").as_str())
+                .unwrap();
+        assert_eq!(
+            (info.redis_settings().password(), info.redis_settings().db()),
+            (Some("p@ss"), 3)
+        );
         assert_eq!(u.sentinel_url("s1:26379"), "redis://s1:26379");
         assert!(SentinelUrl::parse("rediss-sentinel://h#m").unwrap().tls);
     }

@@ -68,6 +68,25 @@ pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() ->
 /// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
 /// ACL tests, the minReplicas one (+ `+wait`) and the Sentinel one (+ `+role`) all start here.
 pub const LEAST_PRIVILEGE_RULE: &[&str] = &[
-    "on", ">s3cret", "resetkeys", "~locks:*", "resetchannels", "&locks:lock-released", "-@all", "+evalsha", "+eval", "+set", "+pttl",
-    "+exists", "+time", "+incr", "+get", "+del", "+pexpire", "+publish", "+subscribe", "+info", "+ping",
+    "on",
+    ">s3cret",
+    "resetkeys",
+    "~locks:*",
+    "resetchannels",
+    "&locks:lock-released",
+    "-@all",
+    "+evalsha",
+    "+eval",
+    "+set",
+    "+pttl",
+    "+exists",
+    "+time",
+    "+incr",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+publish",
+    "+subscribe",
+    "+info",
+    "+ping",
 ];

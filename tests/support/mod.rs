@@ -60,7 +60,10 @@ impl RedisServer {
     /// `&["--maxmemory-policy", "allkeys-lru"]`.
     pub fn start_with_args(args: &[&str]) -> Self {
         if let Ok(url) = env::var("REDIS_URL") {
-            assert!(args.is_empty(), "start_with_args needs a throwaway server, but REDIS_URL is set");
+            assert!(
+                args.is_empty(),
+                "start_with_args needs a throwaway server, but REDIS_URL is set"
+            );
             return Self::for_url(url);
         }
         Self::launch_fresh(args, |_| None)
@@ -70,7 +73,9 @@ impl RedisServer {
     /// (`repl-diskless-sync-delay 0`), or a replica's first sync waits 5 s.
     pub fn start_replica_of(primary: &RedisServer) -> Self {
         let port = primary.port.to_string();
-        Self::launch_fresh(&["--replicaof", HOST, &port, "--repl-diskless-sync-delay", "0"], |_| None)
+        Self::launch_fresh(&["--replicaof", HOST, &port, "--repl-diskless-sync-delay", "0"], |_| {
+            None
+        })
     }
 
     /// A throwaway primary for replicas and Sentinels to follow.
@@ -99,7 +104,9 @@ impl RedisServer {
                         local: Some(Local { child: Some(child), dir, args, conf }),
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < PORT_ATTEMPTS => attempt += 1,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < PORT_ATTEMPTS => {
+                    attempt += 1
+                }
                 Err(e) => {
                     let _ = fs::remove_dir_all(&dir);
                     panic!("could not start redis-server: {e}");
@@ -187,7 +194,8 @@ impl RedisServer {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| io::Error::other("no address"))?;
-        let prelude: Vec<Vec<&str>> = self.prelude.iter().map(|c| c.iter().map(String::as_str).collect()).collect();
+        let prelude: Vec<Vec<&str>> =
+            self.prelude.iter().map(|c| c.iter().map(String::as_str).collect()).collect();
         let mut commands = prelude;
         commands.push(args.to_vec());
         let mut replies = round_trip(addr, &commands, timeout)?;
@@ -199,9 +207,9 @@ impl RedisServer {
     }
 
     fn for_url(url: String) -> Self {
-        let rest = url
-            .strip_prefix("redis://")
-            .unwrap_or_else(|| panic!("REDIS_URL: only redis:// is supported by the test harness, got {url}"));
+        let rest = url.strip_prefix("redis://").unwrap_or_else(|| {
+            panic!("REDIS_URL: only redis:// is supported by the test harness, got {url}")
+        });
         // redis://[[user]:password@]host[:port][/db]; no percent-decoding.
         let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
         let (userinfo, hostport) = match authority.rsplit_once('@') {
@@ -215,7 +223,9 @@ impl RedisServer {
         let mut prelude = Vec::new();
         match userinfo.map(|u| u.split_once(':').unwrap_or(("", u))) {
             Some(("", pass)) if !pass.is_empty() => prelude.push(vec!["AUTH".into(), pass.into()]),
-            Some((user, pass)) if !pass.is_empty() => prelude.push(vec!["AUTH".into(), user.into(), pass.into()]),
+            Some((user, pass)) if !pass.is_empty() => {
+                prelude.push(vec!["AUTH".into(), user.into(), pass.into()])
+            }
             _ => {}
         }
         if !db.is_empty() && db != "0" {
@@ -274,7 +284,11 @@ fn fresh_dir() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     static SWEEP: Once = Once::new();
     SWEEP.call_once(sweep_stale_dirs);
-    let dir = env::temp_dir().join(format!("dokebi-redis-{}-rs{}", process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let dir = env::temp_dir().join(format!(
+        "dokebi-redis-{}-rs{}",
+        process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = fs::remove_dir_all(&dir); // left by an earlier process with our pid
     fs::create_dir_all(&dir).expect("create redis dir");
     dir
@@ -285,7 +299,10 @@ fn sweep_stale_dirs() {
     let Ok(entries) = fs::read_dir(env::temp_dir()) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let owner = name.strip_prefix("dokebi-redis-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        let owner = name
+            .strip_prefix("dokebi-redis-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
         if let Some(owner) = owner {
             if owner != process::id() && !Path::new(&format!("/proc/{owner}")).exists() {
                 let _ = fs::remove_dir_all(entry.path());
@@ -319,28 +336,48 @@ fn launch(port: u16, dir: &Path, conf: Option<&Path>, extra: &[String]) -> io::R
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let mut child = spawn_from_long_lived_thread(cmd)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot run redis-server ({e}); install it: apt-get install redis-server")))?;
+    let mut child = spawn_from_long_lived_thread(cmd).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run redis-server ({e}); install it: apt-get install redis-server"),
+        )
+    })?;
 
     let addr: SocketAddr = (HOST, port).to_socket_addrs()?.next().unwrap();
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = child.try_wait()? {
             let tail = fs::read_to_string(&log).unwrap_or_default();
-            let kind = if tail.contains("Address already in use") { io::ErrorKind::AddrInUse } else { io::ErrorKind::Other };
-            let hint = if status.code() == Some(127) { "redis-server not found on PATH; install it: apt-get install redis-server" } else { tail.trim_end() };
-            return Err(io::Error::new(kind, format!("redis-server on port {port} exited early ({status}):\n{hint}")));
+            let kind = if tail.contains("Address already in use") {
+                io::ErrorKind::AddrInUse
+            } else {
+                io::ErrorKind::Other
+            };
+            let hint = if status.code() == Some(127) {
+                "redis-server not found on PATH; install it: apt-get install redis-server"
+            } else {
+                tail.trim_end()
+            };
+            return Err(io::Error::new(
+                kind,
+                format!("redis-server on port {port} exited early ({status}):\n{hint}"),
+            ));
         }
         // INFO's process_id proves the answer came from our child and not
         // from some other process that already held the port.
-        if let Ok(replies) = round_trip(addr, &[vec!["PING"], vec!["INFO", "server"]], Duration::from_secs(1)) {
+        if let Ok(replies) =
+            round_trip(addr, &[vec!["PING"], vec!["INFO", "server"]], Duration::from_secs(1))
+        {
             if replies[0] == "+PONG\r\n" {
                 if replies[1].contains(&format!("process_id:{}\r\n", child.id())) {
                     return Ok(child);
                 }
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("port {port} is served by another process")));
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("port {port} is served by another process"),
+                ));
             }
             // e.g. -LOADING: not ready yet
         }
@@ -348,7 +385,9 @@ fn launch(port: u16, dir: &Path, conf: Option<&Path>, extra: &[String]) -> io::R
             let _ = child.kill();
             let _ = child.wait();
             let tail = fs::read_to_string(&log).unwrap_or_default();
-            return Err(io::Error::other(format!("redis-server on port {port} did not answer PING within {READY_TIMEOUT:?}:\n{tail}")));
+            return Err(io::Error::other(format!(
+                "redis-server on port {port} did not answer PING within {READY_TIMEOUT:?}:\n{tail}"
+            )));
         }
         thread::sleep(Duration::from_millis(20));
     }
@@ -422,7 +461,11 @@ fn wait_for_state(pid: u32, want: impl Fn(char) -> bool) {
 }
 
 /// One fresh connection: writes all commands, returns one raw reply each.
-fn round_trip(addr: SocketAddr, commands: &[Vec<&str>], timeout: Duration) -> io::Result<Vec<String>> {
+fn round_trip(
+    addr: SocketAddr,
+    commands: &[Vec<&str>],
+    timeout: Duration,
+) -> io::Result<Vec<String>> {
     let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
@@ -441,7 +484,9 @@ fn round_trip(addr: SocketAddr, commands: &[Vec<&str>], timeout: Duration) -> io
             let mut raw = Vec::new();
             read_reply(&mut reader, &mut raw).map_err(|e| match e.kind() {
                 // A read timeout surfaces as EAGAIN on Linux.
-                io::ErrorKind::WouldBlock => io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {timeout:?}")),
+                io::ErrorKind::WouldBlock => {
+                    io::Error::new(io::ErrorKind::TimedOut, format!("no reply within {timeout:?}"))
+                }
                 _ => e,
             })?;
             Ok(String::from_utf8_lossy(&raw).into_owned())
@@ -458,7 +503,9 @@ fn read_reply(reader: &mut impl BufRead, raw: &mut Vec<u8>) -> io::Result<()> {
     }
     let line = String::from_utf8_lossy(&raw[start..]).trim_end().to_string();
     let len = || -> io::Result<i64> {
-        line[1..].parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP line {line:?}")))
+        line[1..].parse().map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad RESP line {line:?}"))
+        })
     };
     match line.as_bytes().first() {
         Some(b'+' | b'-' | b':') => Ok(()),
@@ -477,7 +524,10 @@ fn read_reply(reader: &mut impl BufRead, raw: &mut Vec<u8>) -> io::Result<()> {
             }
             Ok(())
         }
-        _ => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected RESP line {line:?}"))),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected RESP line {line:?}"),
+        )),
     }
 }
 
@@ -521,13 +571,18 @@ impl Sentinel {
     /// The port of the primary this Sentinel names now.
     pub fn primary_port(&self) -> Option<u16> {
         let reply = self.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
-        reply.split("\r\n").filter(|l| !l.starts_with(['*', '$'])).nth(1).and_then(|p| p.parse().ok())
+        reply
+            .split("\r\n")
+            .filter(|l| !l.starts_with(['*', '$']))
+            .nth(1)
+            .and_then(|p| p.parse().ok())
     }
 
     /// How many replicas of the primary this Sentinel knows and sees up.
     pub fn replicas_up(&self) -> usize {
         let reply = self.command(&["SENTINEL", "REPLICAS", &self.name]);
-        let fields: Vec<&str> = reply.split("\r\n").filter(|l| !l.starts_with(['*', '$']) && !l.is_empty()).collect();
+        let fields: Vec<&str> =
+            reply.split("\r\n").filter(|l| !l.starts_with(['*', '$']) && !l.is_empty()).collect();
         fields.windows(2).filter(|w| w[0] == "flags" && w[1] == "slave").count()
     }
 
@@ -557,11 +612,15 @@ pub fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duratio
     let end = Instant::now() + within;
     loop {
         let info = primary.command(&["INFO", "replication"]);
-        let online = info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+        let online =
+            info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
         if online >= replicas {
             return;
         }
-        assert!(Instant::now() < end, "{replicas} replica(s) not online within {within:?}:\n{info}");
+        assert!(
+            Instant::now() < end,
+            "{replicas} replica(s) not online within {within:?}:\n{info}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
