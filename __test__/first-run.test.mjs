@@ -13,7 +13,7 @@ import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs'
 import net from 'node:net'
 import path from 'node:path'
 import { after, before, describe, test } from 'node:test'
-import { startRedis } from './helpers/redis.mjs'
+import { external, startRedis } from './helpers/redis.mjs'
 import { binaryName, repo, run } from './packaging/support.mjs'
 
 const script = path.join(repo, 'scripts', 'example.mjs')
@@ -43,8 +43,9 @@ function redisServersOn(port) {
   if (!existsSync('/proc/self/cmdline')) return []
   return readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((pid) => {
     try {
-      const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
-      return argv.some((a) => a.includes('redis-server')) && argv.includes(String(port))
+      // redis-server rewrites its title to `redis-server 127.0.0.1:<port>`.
+      const cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ')
+      return new RegExp(`redis-server\\S* \\S*:${port}\\b`).test(cmdline)
     } catch {
       return false
     }
@@ -86,6 +87,14 @@ describe('with no REDIS_URL and nothing at the default address', () => {
 
   test('leaves no redis-server running', async () => {
     assert.ok(port > 0, result.stdout)
+    if (existsSync('/proc/self/cmdline') && !external) {
+      const probe = await startRedis()
+      try {
+        assert.equal(redisServersOn(probe.port).length, 1, 'the process check sees a running server')
+      } finally {
+        await probe.stop()
+      }
+    }
     assert.equal(await listening(port), false, `something still listens on ${port}`)
     assert.deepEqual(redisServersOn(port), [])
   })

@@ -86,10 +86,14 @@ async function startRedis() {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'dokebi-lock-redis-example-'))
   // Its own process group: Ctrl-C reaches the example (which shuts down and releases its
   // leases through this server) but not the server; we stop it after the example has ended.
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir],
-    { stdio: 'ignore', detached: process.platform !== 'win32' })
+  // setpriv (util-linux) has the kernel kill the server if this script dies by SIGKILL.
+  const argv = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir]
+  const setpriv = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p))
+  const [cmd, args] = setpriv ? [setpriv, ['--pdeathsig', 'KILL', 'redis-server', ...argv]] : ['redis-server', argv]
+  const child = spawn(cmd, args, { stdio: 'ignore', detached: process.platform !== 'win32' })
   const kill = () => { child.kill('SIGKILL'); rmSync(dir, { recursive: true, force: true }) }
   process.once('exit', kill)
+  for (const signal of ['SIGTERM', 'SIGHUP']) process.once(signal, () => process.exit(128 + os.constants.signals[signal]))
   let failure
   child.once('error', (err) => { failure = err })
   const deadline = Date.now() + 10_000
