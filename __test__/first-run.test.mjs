@@ -9,7 +9,9 @@
 // test never depends on what runs on this machine's 6379.
 
 import assert from 'node:assert/strict'
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs'
+import { existsSync, readFileSync, readdirSync, statSync, utimesSync, writeFileSync } from 'node:fs'
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
 import net from 'node:net'
 import path from 'node:path'
 import { after, before, describe, test } from 'node:test'
@@ -120,6 +122,32 @@ test('without redis-server on the PATH: two lines on how to get one, no stack tr
   assert.match(lines[1], /REDIS_URL=/)
   assert.doesNotMatch(r.stderr, /^\s+at /m, 'no stack trace')
   assert.equal(r.stdout, '')
+})
+
+// The build itself is `npm run build` (minutes); here npm is a stand-in that records the call
+// and marks the addon built, so the test proves the decision, not the compiler.
+test('an addon older than its sources is rebuilt with `npm run build` before the example runs', async () => {
+  const binary = path.join(repo, binaryName)
+  const { atime, mtime } = statSync(binary)
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'dokebi-first-run-'))
+  const calls = path.join(dir, 'calls')
+  const fakeNpm = path.join(dir, 'npm-cli.js')
+  writeFileSync(fakeNpm, `require('fs').appendFileSync(${JSON.stringify(calls)}, process.argv.slice(2).join(' ') + '\\n')
+    require('fs').utimesSync(${JSON.stringify(binary)}, new Date(), new Date())`)
+  const redis = await startRedis()
+  try {
+    utimesSync(binary, new Date(0), new Date(0)) // built long before any source
+    const env = { ...exampleEnv({ redisUrl: redis.url }), npm_execpath: fakeNpm }
+    const r = await run(process.execPath, [script], { env, timeoutMs: 60_000 })
+    assert.equal(r.code, 0, r.stdout + r.stderr)
+    assert.match(r.stdout.split('\n')[0], /^building the addon \(its sources changed since the last build\)$/)
+    assert.equal(readFileSync(calls, 'utf8'), 'run build\n')
+    assert.match(r.stdout, EXAMPLE_DONE)
+  } finally {
+    utimesSync(binary, atime, mtime)
+    await redis.stop()
+    await rm(dir, { recursive: true, force: true })
+  }
 })
 
 describe('with a Redis to use', () => {
