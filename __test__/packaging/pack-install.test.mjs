@@ -2,10 +2,11 @@
 // Rust toolchain and without the registry: the binary built here travels inside it
 // (docs/decisions/0101-prebuilt-binaries.md). Both `require` and `import` work by the package
 // name through the `exports` map, TypeScript finds the types through it, the process exits
-// by itself after `shutdown()`, and the example runs from the installed package.
+// by itself after `shutdown()`, and the examples README points users at (15, 16 and 17) ship
+// and run from the installed package.
 
 import assert from 'node:assert/strict'
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readFileSync, readdirSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -116,6 +117,16 @@ describe('npm pack', () => {
     assert.deepEqual(binaries, [binaryName], 'exactly the binary built on this machine')
   })
 
+  test('every file of the examples README points at ships: 15, 16-tracing-channels, 17-testing-your-app', () => {
+    const readme = readFileSync(path.join(repo, 'README.md'), 'utf8')
+    for (const example of ['15-lock-redis', '16-tracing-channels', '17-testing-your-app']) {
+      assert.match(readme, new RegExp(`examples/${example}`), `README no longer mentions ${example}: drop it from files`)
+      for (const file of readdirSync(path.join(repo, 'examples', example))) {
+        assert.ok(packed.paths.includes(`examples/${example}/${file}`), `examples/${example}/${file} is missing from the tarball`)
+      }
+    }
+  })
+
   test('the manifest: exports map with types, Node 24, no install scripts, no hard dependencies', () => {
     const manifest = JSON.parse(readFileSync(path.join(app.dir, 'node_modules', PKG, 'package.json'), 'utf8'))
     assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' })
@@ -167,6 +178,22 @@ describe('installed into a fresh app, offline, without Rust', () => {
     assert.ok(existsSync(example), 'examples/15-lock-redis ships in the tarball')
     const { stdout } = await ok(process.execPath, [example], { cwd: app.dir, env: env(), timeoutMs: 30_000 })
     assert.match(stdout, /fence/i)
+  })
+
+  test('examples/16-tracing-channels runs from the installed package', async () => {
+    const example = path.join(app.dir, 'node_modules', PKG, 'examples', '16-tracing-channels', 'index.mjs')
+    const { stdout } = await ok(process.execPath, [example], { cwd: app.dir, env: env(), timeoutMs: 30_000 })
+    assert.match(stdout, /lock hold ms: n=\d+/)
+  })
+
+  test("examples/17-testing-your-app's node:test suite passes from the installed package, against its own redis-server", async () => {
+    const suite = path.join(app.dir, 'node_modules', PKG, 'examples', '17-testing-your-app', 'locks.test.mjs')
+    const own = userEnv()
+    delete own.REDIS_URL // it starts its own server
+    delete own.NODE_TEST_CONTEXT // otherwise the inner `node --test` skips its files as nested
+    const r = await run(process.execPath, ['--test', suite], { cwd: app.dir, env: own, timeoutMs: 60_000 })
+    assert.equal(r.code, 0, r.stdout + r.stderr)
+    assert.match(r.stdout, /pass 2\b/)
   })
 
   test('TypeScript (strict, nodenext) finds the types through the exports map, for import and require', async () => {

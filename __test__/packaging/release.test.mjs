@@ -1,6 +1,9 @@
-// A rehearsal of the release, the napi-rs way (docs/decisions/0101-prebuilt-binaries.md):
-// in a copy of the package, `npm run artifacts` spreads the six release binaries into
-// npm/<platform>/, then the real `prepublishOnly` script (without publishing: its
+// A rehearsal of the release, the napi-rs way (docs/decisions/0101-prebuilt-binaries.md,
+// 0104-release-pipeline.md), laid out as .github/workflows/release.yml's publish job lays it
+// out: in a copy of the package, the build jobs' artifacts land in
+// artifacts/bindings-<target>/ and the generated binding.js/.d.ts in the root, the job's own
+// commands (`npm run artifacts`) spread the six binaries into npm/<platform>/, then the real
+// `prepublishOnly` script that its `npm publish` runs (without publishing: its
 // `--skip-optional-publish --no-gh-release`) removes the root copies and has `napi prepublish`
 // write `optionalDependencies` on the six platform packages. The result is packed and installed
 // offline into fresh apps: with the platform package the binary comes from it; without it
@@ -16,6 +19,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { after, before, describe, test } from 'node:test'
+import { parse } from 'yaml'
 import { startRedis } from '../helpers/redis.mjs'
 import { binaryName, hostPlatform, npmInstallOffline, npmPack, ok, repo, rootBinaries, run, tempApp, userEnv } from './support.mjs'
 
@@ -30,6 +34,17 @@ const PLATFORMS = {
 }
 const host = hostPlatform()
 
+// What the workflow's publish job does, read from the workflow itself so the two cannot drift.
+const publishJob = parse(readFileSync(path.join(repo, '.github', 'workflows', 'release.yml'), 'utf8')).jobs.publish
+const downloads = publishJob.steps.filter((s) => s.uses?.startsWith('actions/download-artifact@')).map((s) => s.with)
+const bindingsDownload = downloads.find((w) => w.pattern === 'bindings-*')
+const bindingDownload = downloads.find((w) => w.name === 'binding')
+const runSteps = publishJob.steps.map((s) => s.run).filter(Boolean)
+const publishCommand = runSteps.find((r) => r.startsWith('npm publish'))
+// Between `npm ci` and `npm publish`, minus listings: the commands that prepare the packages.
+const prepareCommands = runSteps.slice(runSteps.indexOf('npm ci --no-audit --no-fund') + 1, runSteps.indexOf(publishCommand))
+  .filter((r) => !r.startsWith('ls '))
+
 let work // the rehearsal's scratch directory
 let stage // the package copy that gets "published"
 let redis
@@ -40,18 +55,22 @@ before(async () => {
   work = await mkdtemp(path.join(os.tmpdir(), 'dokebi-lock-redis-release-'))
   stage = path.join(work, 'package')
   mkdirSync(stage)
-  // What a release job checks out (package.json `files` + npm/), plus the dev tools.
+  // What the publish job checks out (package.json `files` + npm/), plus the dev tools.
   const { files } = JSON.parse(readFileSync(path.join(repo, 'package.json'), 'utf8'))
+  const generated = ['binding.js', 'binding.d.ts'] // not in git: they come from the build job
   for (const entry of [...files, 'package.json', 'README.md', 'npm']) {
-    if (entry.includes('*')) continue // the binaries come from artifacts/, as in CI
+    if (entry.includes('*') || generated.includes(entry)) continue // the binaries come from artifacts/, as in CI
     cpSync(path.join(repo, entry), path.join(stage, entry), { recursive: true, filter: (src) => !src.endsWith('.node') })
   }
   symlinkSync(path.join(repo, 'node_modules'), path.join(stage, 'node_modules'), 'dir')
-  // The build jobs' outputs, gathered in artifacts/ (napi artifacts' default --output-dir).
-  const artifacts = path.join(stage, 'artifacts')
-  mkdirSync(artifacts)
-  for (const platform of Object.keys(PLATFORMS)) {
-    const file = path.join(artifacts, `lock-redis.${platform}.node`)
+  // The `binding` artifact, downloaded where the workflow puts it.
+  for (const file of generated) cpSync(path.join(repo, file), path.join(stage, bindingDownload.path, file))
+  // The build jobs' `bindings-<target>` artifacts, each in its own folder as download-artifact
+  // lays out a pattern download.
+  for (const [platform, { triple }] of Object.entries(PLATFORMS)) {
+    const dir = path.join(stage, bindingsDownload.path, `bindings-${triple}`)
+    mkdirSync(dir, { recursive: true })
+    const file = path.join(dir, `lock-redis.${platform}.node`)
     if (platform === host) cpSync(path.join(repo, binaryName), file)
     else writeFileSync(file, `placeholder for the ${platform} build job's binary\n`)
   }
@@ -91,8 +110,16 @@ describe('release rehearsal', () => {
   let rootTarball
   let hostTarball
 
-  test('`npm run artifacts` puts each binary into its npm/<platform> package', async () => {
-    await ok('npm', ['run', 'artifacts'], { cwd: stage, env: userEnv(), timeoutMs: 60_000 })
+  test("the workflow's publish job prepares with `npm run artifacts` and publishes with `npm publish`", () => {
+    assert.deepEqual(prepareCommands, ['npm run artifacts'])
+    assert.match(publishCommand, /^npm publish --provenance\b/, 'npm publish runs prepublishOnly, rehearsed below')
+  })
+
+  test("the publish job's commands put each binary into its npm/<platform> package", async () => {
+    for (const command of prepareCommands) {
+      const [file, ...args] = command.split(' ')
+      await ok(file, args, { cwd: stage, env: userEnv(), timeoutMs: 60_000 })
+    }
     for (const platform of Object.keys(PLATFORMS)) {
       assert.ok(existsSync(path.join(stage, 'npm', platform, `lock-redis.${platform}.node`)), platform)
     }

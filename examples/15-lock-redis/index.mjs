@@ -1,7 +1,8 @@
 // Example 15: two workers compete for one job through Redis, write through a store that
 // checks fences, release in finally, and shut down gracefully on SIGINT.
 //
-//   REDIS_URL=redis://127.0.0.1:6379/0 npm run example
+//   npm run example                                   # REDIS_URL, else 127.0.0.1:6379, else a throwaway redis-server
+//   REDIS_URL=redis://127.0.0.1:6379/0 node examples/15-lock-redis/index.mjs
 import { createRequire } from 'node:module'
 import { setTimeout as sleep } from 'node:timers/promises'
 
