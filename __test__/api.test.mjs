@@ -218,7 +218,8 @@ describe('createRedisLockDriver', () => {
   test('accepts a URL string and a connection object, and both reach Redis', async () => {
     const forms = [
       redis.url,
-      `${redis.url}/0`,
+      // The same server with its database named in the path (REDIS_URL may already name one).
+      new URL(redis.url).pathname.length > 1 ? redis.url : `${redis.url}/0`,
       { url: redis.url },
       { url: redis.url, name: 'main', connectTimeoutMs: 1000, commandTimeoutMs: 1000 },
     ];
