@@ -106,6 +106,9 @@ pub struct RedisLink {
     /// The server refused HELLO 3 (Redis < 6): commands use the RESP2 client.
     resp2_only: AtomicBool,
     cluster: Option<ClusterClient>,
+    /// Where sharded subscriptions start (the URL of a Cluster node; holds a password,
+    /// never printed).
+    cluster_url: Option<String>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     pub command_timeout: Duration,
@@ -204,6 +207,7 @@ impl RedisLink {
             tls: options.tls.clone(),
             resp2_only: AtomicBool::new(false),
             cluster,
+            cluster_url: options.cluster.then(|| options.url.clone()),
             config,
             connect_timeout,
             command_timeout,
@@ -447,6 +451,35 @@ impl RedisLink {
         outcome.unwrap_or_else(|_| Err(subscribe_timeout(&resolved)))
     }
 
+    /// A Cluster connection for sharded subscriptions (SSUBSCRIBE is sent to the node that
+    /// owns the channel's slot), speaking RESP3 so that messages, the server's own
+    /// `sunsubscribe` at a slot move, and a node connection's end arrive as pushes on the
+    /// returned receiver. None without `cluster: true`.
+    pub async fn open_shard_pubsub(
+        &self,
+    ) -> Option<Result<(ClusterConnection, ShardPushes), SubscribeFailure>> {
+        let url = self.cluster_url.as_deref()?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Unlike scripts, SSUBSCRIBE is safe to resend: redis-rs may follow MOVED and retry.
+        let mut builder = ClusterClient::builder(vec![url])
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.command_timeout);
+        if let Some(certificates) = self.tls.as_ref().map(certificates) {
+            builder = builder.certs(certificates);
+        }
+        let opened = async {
+            let client = builder.build().map_err(|e| RedisFailure::connect(&e))?;
+            client.get_async_connection().await.map_err(|e| RedisFailure::connect(&e))
+        };
+        Some(match tokio::time::timeout(self.connect_timeout, opened).await {
+            Err(_) => Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())),
+            Ok(Err(failure)) => Err(SubscribeFailure::Failed(failure)),
+            Ok(Ok(conn)) => Ok((conn, rx)),
+        })
+    }
+
     async fn pubsub_connection(
         &self,
         resolved: &AtomicBool,
@@ -573,6 +606,9 @@ impl Drop for RedisLink {
         }
     }
 }
+
+/// The pushes of a sharded subscription connection.
+pub type ShardPushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
 
 /// Why a subscription could not be had.
 #[derive(Debug)]

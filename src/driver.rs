@@ -90,6 +90,7 @@ impl Driver {
                 id,
                 &options.namespace,
                 notifications_enabled(),
+                connection.cluster,
             )))
         } else {
             let channel = keys::released_channel(&options.namespace);

@@ -55,6 +55,10 @@ pub struct KeySubscriptions {
     /// `<namespace>:lock-released:{`: a key's channel is this, its hash and `}`.
     prefix: String,
     enabled: bool,
+    /// A Cluster: subscribe sharded (SSUBSCRIBE at the slot's owner, decision 0063).
+    sharded: bool,
+    /// The Cluster has no sharded pub/sub (Redis < 7.0): classic SUBSCRIBE (decision 0064).
+    unsharded: std::sync::atomic::AtomicBool,
     state: Mutex<State>,
     /// New keys to subscribe.
     kick: Notify,
@@ -63,11 +67,13 @@ pub struct KeySubscriptions {
 }
 
 impl KeySubscriptions {
-    pub fn new(driver_id: u64, namespace: &str, enabled: bool) -> Self {
+    pub fn new(driver_id: u64, namespace: &str, enabled: bool, cluster: bool) -> Self {
         Self {
             driver_id,
             prefix: crate::keys::key_released_prefix(namespace),
             enabled,
+            sharded: cluster,
+            unsharded: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State { conn: SubscriptionState::Off, keys: HashMap::new() }),
             kick: Notify::new(),
             received: AtomicU64::new(0),
@@ -85,6 +91,16 @@ impl KeySubscriptions {
         channel.push_str(hash);
         channel.push('}');
         channel
+    }
+
+    /// The key of one of our channels (its hash), or None.
+    fn hash_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        channel.strip_prefix(self.prefix.as_str())?.strip_suffix('}')
+    }
+
+    /// Subscriptions are sharded now (a Cluster with sharded pub/sub).
+    pub fn is_sharded(&self) -> bool {
+        self.sharded && !self.unsharded.load(Ordering::Acquire)
     }
 
     /// The state of the subscribe connection.
@@ -161,6 +177,38 @@ impl KeySubscriptions {
     ) {
         let mut switches = link.primary_switches();
         loop {
+            if self.is_sharded() {
+                let opened = tokio::select! {
+                    _ = stopping.cancelled() => break,
+                    opened = link.open_shard_pubsub() => opened,
+                };
+                let failure = match opened {
+                    Some(Ok((conn, pushes))) => {
+                        self.lock().conn = SubscriptionState::Live;
+                        match self.serve_sharded(conn, pushes, &link, &lines, &stopping).await {
+                            Ended::Stopped => break,
+                            Ended::Idle => return,
+                            Ended::Unsharded => {
+                                // Said once; the keys go out again on a classic connection.
+                                self.unsharded.store(true, Ordering::Release);
+                                events::notify_unsharded(self.driver_id);
+                                self.resend_all();
+                                continue;
+                            }
+                            Ended::Switched => continue,
+                            Ended::Unsupported => return self.unsupported(&lines),
+                            Ended::Lost(failure) => (failure, true),
+                        }
+                    }
+                    Some(Err(SubscribeFailure::Unsupported(_))) => return self.unsupported(&lines),
+                    Some(Err(SubscribeFailure::Failed(f) | SubscribeFailure::NoPrimary(f))) => {
+                        (f, true)
+                    }
+                    None => unreachable!("sharded only with cluster: true"),
+                };
+                self.failed(failure, &link, &lines);
+                return;
+            }
             let opened = tokio::select! {
                 _ = stopping.cancelled() => break,
                 opened = link.open_pubsub() => opened,
@@ -179,6 +227,7 @@ impl KeySubscriptions {
                         }
                         Ended::Unsupported => return self.unsupported(&lines),
                         Ended::Lost(failure) => (failure, true),
+                        Ended::Unsharded => unreachable!("classic subscriptions"),
                     }
                 }
                 Err(SubscribeFailure::Unsupported(_)) => return self.unsupported(&lines),
@@ -261,19 +310,7 @@ impl KeySubscriptions {
         link: &RedisLink,
         lines: &Lines,
     ) -> Result<(), Ended> {
-        let batch: Vec<Arc<str>> = {
-            let mut state = self.lock();
-            let batch: Vec<Arc<str>> = state
-                .keys
-                .iter()
-                .filter(|(_, k)| **k == KeyState::Pending)
-                .map(|(h, _)| h.clone())
-                .collect();
-            for hash in &batch {
-                state.keys.insert(hash.clone(), KeyState::Sent);
-            }
-            batch
-        };
+        let batch = self.take_pending();
         if batch.is_empty() {
             return Ok(());
         }
@@ -286,19 +323,146 @@ impl KeySubscriptions {
             Ok(Err(e)) => return Err(Ended::Lost(RedisFailure::command(&e))),
             Err(_) => return Err(Ended::Lost(RedisFailure::command_timeout())),
         }
+        self.confirmed(&batch, lines);
+        Ok(())
+    }
+
+    /// The keys registered and not yet sent, now marked sent.
+    fn take_pending(&self) -> Vec<Arc<str>> {
+        let mut state = self.lock();
+        let batch: Vec<Arc<str>> = state
+            .keys
+            .iter()
+            .filter(|(_, k)| **k == KeyState::Pending)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for hash in &batch {
+            state.keys.insert(hash.clone(), KeyState::Sent);
+        }
+        batch
+    }
+
+    /// The batch's subscriptions are confirmed: each key's first waiter checks once more.
+    fn confirmed(&self, batch: &[Arc<str>], lines: &Lines) {
         self.subscriptions.fetch_add(1, Ordering::Relaxed);
         {
             let mut state = self.lock();
-            for hash in &batch {
+            for hash in batch {
                 if let Some(key) = state.keys.get_mut(hash) {
-                    *key = KeyState::Live { idle: None };
+                    if *key == KeyState::Sent {
+                        *key = KeyState::Live { idle: None };
+                    }
                 }
             }
         }
-        for hash in &batch {
+        for hash in batch {
             lines.wake(hash);
         }
-        Ok(())
+    }
+
+    /// [`serve`](Self::serve) on a Cluster with sharded pub/sub: each key is subscribed at
+    /// the node that owns its slot (SSUBSCRIBE takes the channels of one slot only, so a
+    /// batch is one SSUBSCRIBE per key, sent together). When a slot moves, its owner ends
+    /// the subscription with a `sunsubscribe` push: the key is subscribed again at the new
+    /// owner, and its waiter checks once more when that is confirmed. When a node's
+    /// connection ends (a failover), every key is subscribed again.
+    async fn serve_sharded(
+        &self,
+        conn: redis::cluster_async::ClusterConnection,
+        mut pushes: crate::connection::ShardPushes,
+        link: &RedisLink,
+        lines: &Lines,
+        stopping: &CancellationToken,
+    ) -> Ended {
+        self.kick.notify_one();
+        loop {
+            let sweep_at = self.next_sweep(lines);
+            tokio::select! {
+                _ = stopping.cancelled() => return Ended::Stopped,
+                _ = self.kick.notified() => {
+                    tokio::time::sleep(BATCH_WINDOW).await;
+                    let batch = self.take_pending();
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    let sent = batch.iter().map(|hash| {
+                        shard_command(&conn, link, "SSUBSCRIBE", self.channel(hash))
+                    });
+                    for result in futures::future::join_all(sent).await {
+                        match result {
+                            Ok(()) => {}
+                            Err(e) if crate::connection::refuses_subscribe(&e) => {
+                                return Ended::Unsharded
+                            }
+                            Err(e) => return Ended::Lost(RedisFailure::command(&e)),
+                        }
+                    }
+                    self.confirmed(&batch, lines);
+                }
+                push = pushes.recv() => match push {
+                    None => return Ended::Lost(lost()),
+                    Some(push) => self.shard_push(push, lines),
+                },
+                _ = sleep_until_opt(sweep_at) => {
+                    let idle = self.sweep(lines);
+                    let sent = idle.iter().map(|hash| {
+                        shard_command(&conn, link, "SUNSUBSCRIBE", self.channel(hash))
+                    });
+                    for result in futures::future::join_all(sent).await {
+                        if let Err(e) = result {
+                            return Ended::Lost(RedisFailure::command(&e));
+                        }
+                    }
+                    let mut state = self.lock();
+                    if state.keys.is_empty() {
+                        state.conn = SubscriptionState::Off;
+                        return Ended::Idle;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One push of the sharded connection.
+    fn shard_push(&self, push: redis::PushInfo, lines: &Lines) {
+        use redis::PushKind;
+        let text = |i: usize| match push.data.get(i) {
+            Some(redis::Value::BulkString(b)) => std::str::from_utf8(b).ok(),
+            _ => None,
+        };
+        match push.kind {
+            PushKind::SMessage => {
+                self.received.fetch_add(1, Ordering::Relaxed);
+                if let Some(hash) = text(1) {
+                    lines.wake(hash);
+                }
+            }
+            // Ours after a grace period (the key is gone from the map then), or the
+            // server's at a slot move: subscribe again, at the new owner.
+            PushKind::SUnsubscribe => {
+                let Some(hash) = text(0).and_then(|c| self.hash_of(c)) else { return };
+                let mut state = self.lock();
+                if let Some(key @ KeyState::Live { .. }) = state.keys.get_mut(hash) {
+                    *key = KeyState::Pending;
+                    drop(state);
+                    self.kick.notify_one();
+                }
+            }
+            // A node's connection ended: its keys' subscriptions with it. Which keys those
+            // were is not said, so every key is subscribed again (SSUBSCRIBE twice is
+            // harmless).
+            PushKind::Disconnection => {
+                let mut state = self.lock();
+                for key in state.keys.values_mut() {
+                    if matches!(key, KeyState::Live { .. }) {
+                        *key = KeyState::Pending;
+                    }
+                }
+                drop(state);
+                self.kick.notify_one();
+            }
+            _ => {}
+        }
     }
 
     /// When the next subscribed key may have been idle for the whole grace period (a key
@@ -418,7 +582,42 @@ enum Ended {
     Idle,
     Switched,
     Unsupported,
+    /// SSUBSCRIBE is unknown or refused: classic pub/sub instead (decision 0064).
+    Unsharded,
     Lost(RedisFailure),
+}
+
+/// SSUBSCRIBE or SUNSUBSCRIBE of one channel within commandTimeoutMs. A MOVED (the slot
+/// moved, redis-rs's map is behind) surely did nothing and is sent again after a pause,
+/// as scripts are (connection.rs).
+async fn shard_command(
+    conn: &redis::cluster_async::ClusterConnection,
+    link: &RedisLink,
+    name: &'static str,
+    channel: String,
+) -> redis::RedisResult<()> {
+    let mut result = Ok(());
+    for pause_ms in [0, 10, 50, 200] {
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        let mut conn = conn.clone();
+        let sent = async {
+            match name {
+                "SSUBSCRIBE" => conn.ssubscribe(&channel).await,
+                _ => conn.sunsubscribe(&channel).await,
+            }
+        };
+        result = match tokio::time::timeout(link.command_timeout, sent).await {
+            Ok(result) => result,
+            Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the subscription command timed out",
+            ))),
+        };
+        if !matches!(&result, Err(e) if e.code() == Some("MOVED")) {
+            break;
+        }
+    }
+    result
 }
 
 fn lost() -> RedisFailure {
@@ -435,7 +634,7 @@ mod tests {
 
     #[test]
     fn a_key_channel_carries_the_lock_keys_hash_tag() {
-        let subs = KeySubscriptions::new(1, "svc", true);
+        let subs = KeySubscriptions::new(1, "svc", true, false);
         let names = crate::keys::KeyNames::new("svc", "job:1");
         let channel = subs.channel(&names.hash);
         assert_eq!(channel, format!("svc:lock-released:{{{}}}", names.hash));
