@@ -34,6 +34,10 @@ pub const GRACE: Duration = Duration::from_secs(1);
 /// 0061): about one timer tick.
 const BATCH_WINDOW: Duration = Duration::from_millis(2);
 
+/// The first and the longest pause before SSUBSCRIBEs that failed are sent again.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// One key's subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyState {
@@ -310,7 +314,7 @@ impl KeySubscriptions {
         link: &RedisLink,
         lines: &Lines,
     ) -> Result<(), Ended> {
-        let batch = self.take_pending();
+        let batch = self.take_pending(lines);
         if batch.is_empty() {
             return Ok(());
         }
@@ -327,9 +331,11 @@ impl KeySubscriptions {
         Ok(())
     }
 
-    /// The keys registered and not yet sent, now marked sent.
-    fn take_pending(&self) -> Vec<Arc<str>> {
+    /// The keys registered and not yet sent, now marked sent; those whose line is gone
+    /// meanwhile are forgotten instead (a new waiter registers its key again).
+    fn take_pending(&self, lines: &Lines) -> Vec<Arc<str>> {
         let mut state = self.lock();
+        state.keys.retain(|hash, key| *key != KeyState::Pending || lines.contains(hash));
         let batch: Vec<Arc<str>> = state
             .keys
             .iter()
@@ -374,52 +380,93 @@ impl KeySubscriptions {
         lines: &Lines,
         stopping: &CancellationToken,
     ) -> Ended {
+        // SSUBSCRIBEs that failed (a node down during a failover) are sent again, backing off,
+        // on the same Cluster connection: it learns the new topology (decision 0063).
+        let mut retry_at: Option<Instant> = None;
+        let mut backoff = RETRY_FIRST;
+        let mut failing = false;
         self.kick.notify_one();
         loop {
             let sweep_at = self.next_sweep(lines);
-            tokio::select! {
+            let send = tokio::select! {
                 _ = stopping.cancelled() => return Ended::Stopped,
                 _ = self.kick.notified() => {
                     tokio::time::sleep(BATCH_WINDOW).await;
-                    let batch = self.take_pending();
-                    if batch.is_empty() {
-                        continue;
-                    }
-                    let sent = batch.iter().map(|hash| {
-                        shard_command(&conn, link, "SSUBSCRIBE", self.channel(hash))
-                    });
-                    for result in futures::future::join_all(sent).await {
-                        match result {
-                            Ok(()) => {}
-                            Err(e) if crate::connection::refuses_subscribe(&e) => {
-                                return Ended::Unsharded
-                            }
-                            Err(e) => return Ended::Lost(RedisFailure::command(&e)),
-                        }
-                    }
-                    self.confirmed(&batch, lines);
+                    true
+                }
+                _ = sleep_until_opt(retry_at) => {
+                    retry_at = None;
+                    true
                 }
                 push = pushes.recv() => match push {
                     None => return Ended::Lost(lost()),
-                    Some(push) => self.shard_push(push, lines),
+                    Some(push) => {
+                        self.shard_push(push, lines);
+                        false
+                    }
                 },
                 _ = sleep_until_opt(sweep_at) => {
                     let idle = self.sweep(lines);
                     let sent = idle.iter().map(|hash| {
                         shard_command(&conn, link, "SUNSUBSCRIBE", self.channel(hash))
                     });
-                    for result in futures::future::join_all(sent).await {
-                        if let Err(e) = result {
-                            return Ended::Lost(RedisFailure::command(&e));
-                        }
-                    }
+                    // A failed SUNSUBSCRIBE leaves a subscription nobody listens to on a node
+                    // that is likely gone; the connection stays useful for the other keys.
+                    futures::future::join_all(sent).await;
                     let mut state = self.lock();
                     if state.keys.is_empty() {
                         state.conn = SubscriptionState::Off;
                         return Ended::Idle;
                     }
+                    false
+                }
+            };
+            if !send {
+                continue;
+            }
+            let batch = self.take_pending(lines);
+            if batch.is_empty() {
+                continue;
+            }
+            let sent = batch
+                .iter()
+                .map(|hash| shard_command(&conn, link, "SSUBSCRIBE", self.channel(hash)));
+            let results = futures::future::join_all(sent).await;
+            let (mut done, mut failed, mut failure) = (Vec::new(), Vec::new(), None);
+            for (hash, result) in batch.into_iter().zip(results) {
+                match result {
+                    Ok(()) => done.push(hash),
+                    Err(e) if crate::connection::refuses_subscribe(&e) => return Ended::Unsharded,
+                    Err(e) => {
+                        failure.get_or_insert_with(|| RedisFailure::command(&e));
+                        failed.push(hash);
+                    }
                 }
             }
+            if !done.is_empty() {
+                self.confirmed(&done, lines);
+            }
+            let Some(failure) = failure else {
+                failing = false;
+                backoff = RETRY_FIRST;
+                continue;
+            };
+            {
+                let mut state = self.lock();
+                for hash in &failed {
+                    if let Some(key) = state.keys.get_mut(hash) {
+                        *key = KeyState::Pending;
+                    }
+                }
+            }
+            if !failing {
+                failing = true;
+                events::notify_failed(self.driver_id, &failure);
+            }
+            // Their waiters are not woken: the node that failed the SSUBSCRIBE is likely the
+            // one their attempt would go to. Their next sleep is pollIntervalMs (not live).
+            retry_at = Some(Instant::now() + backoff);
+            backoff = (backoff * 2).min(RETRY_MAX);
         }
     }
 
@@ -466,7 +513,7 @@ impl KeySubscriptions {
     }
 
     /// When the next subscribed key may have been idle for the whole grace period (a key
-    /// with waiters is looked at again a grace period later); None without a subscribed key.
+    /// with waiters is looked at again a grace period later).
     fn next_sweep(&self, lines: &Lines) -> Option<Instant> {
         let now = Instant::now();
         let mut state = self.lock();
@@ -483,7 +530,9 @@ impl KeySubscriptions {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
         }
-        next
+        // Without a subscribed key, still once per grace period: the connection closes
+        // when no key is left.
+        Some(next.unwrap_or(now + GRACE))
     }
 
     /// Forgets the keys whose lines have been empty for the grace period; returns them.
