@@ -166,6 +166,11 @@ impl Lines {
         }
     }
 
+    /// Whether the key of `hash` has a line (an acquire in progress).
+    pub fn contains(&self, hash: &str) -> bool {
+        self.map().contains_key(hash)
+    }
+
     /// Waiters of this backend, over all lines.
     pub fn waiters(&self) -> usize {
         self.map().values().map(|l| l.queue().len()).sum()
