@@ -780,10 +780,9 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
         &new.command(&["ACL", "LOG"]),
         &sentinel.command(&["ACL", "LOG"]),
     ] {
-        assert!(
-            !server.contains("locker") && !server.contains("watcher"),
-            "ACL LOG has denials: {server}"
-        );
+        // Empty, not just free of our users: the test's own admin connections are never
+        // refused, so any entry is something the driver (or redis-rs for it) sent.
+        assert_eq!(server, "*0\r\n", "ACL LOG has denials: {server}");
     }
 }
 
