@@ -35,7 +35,7 @@ for name; do
   printf '\n==== %s: %s ====\n' "$name" "$version"
   started=$SECONDS
   ok=1
-  PATH="$bin:$PATH" cargo test --no-default-features || ok=0
+  PATH="$bin:$PATH" cargo test --no-default-features --no-fail-fast || ok=0
   PATH="$bin:$PATH" node --test --test-concurrency=1 '__test__/*.test.mjs' '__test__/faults/*.test.mjs' || ok=0
   took=$((SECONDS - started))
   if ((ok)); then
