@@ -48,3 +48,19 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     let log = redis.command(&["ACL", "LOG"]);
     assert_eq!(log, "*0\r\n", "ACL LOG has denials: {log}");
 }
+
+/// The rule these tests (and the minReplicas and Sentinel ones) grant is README's, word for
+/// word but for the namespace and password they use: an edit to README's rule is tested.
+#[test]
+fn the_tests_grant_the_rule_readme_gives() {
+    let line = include_str!("../README.md")
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER locker "))
+        .expect("README.md, \"Least privilege\", has the ACL SETUSER line");
+    let readme: Vec<String> = line
+        .split(' ')
+        .skip(3)
+        .map(|word| word.replace("my-service", "locks").replace(">password", ">s3cret"))
+        .collect();
+    assert_eq!(readme, common::LEAST_PRIVILEGE_RULE);
+}

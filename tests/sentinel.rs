@@ -723,8 +723,17 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     holder.shutdown().await.unwrap();
 }
 
-/// README.md, "Least privilege" for the Sentinels.
+/// README.md, "Least privilege" for the Sentinels (checked against README below).
 const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
+
+#[test]
+fn the_sentinel_user_is_the_one_readme_gives() {
+    let line = include_str!("../README.md")
+        .lines()
+        .find(|l| l.starts_with("user watcher "))
+        .expect("README.md, \"Least privilege\", has the Sentinel user line");
+    assert_eq!(line.replace(">password", ">w4tcher"), SENTINEL_RULE);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sentinel_mode_runs_as_the_least_privileged_users() {

@@ -65,7 +65,7 @@ pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() ->
     }
 }
 
-/// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
+/// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`; tests/acl.rs checks it against README): the
 /// ACL tests, the minReplicas one (+ `+wait`) and the Sentinel one (+ `+role`) all start here.
 pub const LEAST_PRIVILEGE_RULE: &[&str] = &[
     "on",
