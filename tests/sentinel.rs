@@ -928,13 +928,17 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
         .map(|s| s.to_string())
         .collect()
     };
-    let (primary_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
+    // Each TLS port is picked right before its server binds it: picked all at once, one of
+    // them was handed out again as a later server's plain port (seen on a busy machine).
+    let primary_tls = free_port();
     let args = tls_args(&primary_tls.to_string());
     let old = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let replica_tls = free_port();
     let mut args = tls_args(&replica_tls.to_string());
     args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_tls.to_string()]);
     let new = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
     wait_for_replicas(&old, 1, Duration::from_secs(10));
+    let sentinel_tls = free_port();
     let conf = [
         format!("tls-port {sentinel_tls}"),
         format!("tls-cert-file {cert}"),
