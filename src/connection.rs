@@ -77,8 +77,17 @@ struct NodeClients {
     resp3: Client,
 }
 
+/// The settings of every connection the driver opens, minus what redis-rs would send
+/// unasked: `CLIENT SETINFO` (Redis 7.2+, every Valkey) is not in README's least-privilege
+/// rule, and each refusal would leave an `ACL LOG` entry per connection (decision 0075).
+fn quiet(info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    info.set_redis_settings(settings)
+}
+
 impl NodeClients {
     fn new(info: redis::ConnectionInfo, tls: Option<&TlsOptions>) -> redis::RedisResult<Self> {
+        let info = quiet(info);
         let info_resp3 = info
             .clone()
             .set_redis_settings(info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3));
@@ -168,8 +177,8 @@ impl RedisLink {
                     password: options.sentinel_password.as_deref(),
                 };
                 let open = |info| match &options.tls {
-                    None => Client::open(info),
-                    Some(tls) => Client::build_with_tls(info, certificates(tls)),
+                    None => Client::open(quiet(info)),
+                    Some(tls) => Client::build_with_tls(quiet(info), certificates(tls)),
                 };
                 Target::Sentinel(Arc::new(Sentinel::new(
                     sentinel_url.clone(),

@@ -264,12 +264,30 @@ impl RedisFailure {
 fn server_code_of(err: &redis::RedisError) -> Option<String> {
     use redis::ErrorKind;
     match err.kind() {
-        ErrorKind::Server(_) | ErrorKind::Extension => err.code().map(sanitize_code),
+        ErrorKind::Server(_) | ErrorKind::Extension => err
+            .code()
+            .map(|code| sanitize_code(wrapped_script_code(code, err.detail()).unwrap_or(code))),
         ErrorKind::AuthenticationFailed => {
             Some(err.code().map(sanitize_code).unwrap_or_else(|| "WRONGPASS".to_owned()))
         }
         _ => None,
     }
+}
+
+/// Redis before 7.0 answers a command refused inside a script with where it happened:
+/// `@user_script: 10: -OOM command not allowed …` (returned from `redis.pcall`), or
+/// `ERR Error running script (call to f_…): @user_script:10: @user_script: 10: -READONLY …`
+/// (raised by `redis.call`). The refused command's own code decides what the caller may do
+/// (OOM and READONLY are ridden out, ERR is not), as it does from 7.0 on.
+fn wrapped_script_code<'a>(code: &str, detail: Option<&'a str>) -> Option<&'a str> {
+    let detail = detail?;
+    let from_script = code.starts_with("@user_script")
+        || (code == "ERR" && detail.starts_with("Error running script"));
+    if !from_script {
+        return None;
+    }
+    let (_, inner) = detail.split_once(": -")?;
+    inner.split_whitespace().next()
 }
 
 /// Error codes are a single upper-case word; anything else is not passed on.
@@ -373,6 +391,32 @@ mod tests {
         let oom = RedisFailure::command(&server_error("OOM command not allowed"));
         assert!(!oom.retryable());
         assert!(oom.rides_out_waiting());
+    }
+
+    #[test]
+    fn a_refusal_inside_a_script_keeps_its_code_as_redis_before_7_words_it() {
+        // Redis 6.2: returned from redis.pcall (acquire's first SET) …
+        let oom = RedisFailure::command(&server_error(
+            "@user_script: 10: -OOM command not allowed when used memory > 'maxmemory'.",
+        ));
+        assert_eq!(oom.server_code.as_deref(), Some("OOM"));
+        assert!(oom.rides_out_waiting() && !oom.retryable());
+        // … and raised by redis.call.
+        let readonly = RedisFailure::command(&server_error(
+            "ERR Error running script (call to f_0123): @user_script:13: @user_script: 13: -READONLY You can't write against a read only replica.",
+        ));
+        assert_eq!(readonly.server_code.as_deref(), Some("READONLY"));
+        assert!(readonly.retryable() && readonly.rides_out_waiting());
+        // A script's own error, or an ERR of another kind, stays ERR.
+        for text in [
+            "ERR Error running script (call to f_0123): @user_script:1: boom",
+            "ERR syntax error: -X",
+        ] {
+            assert_eq!(
+                RedisFailure::command(&server_error(text)).server_code.as_deref(),
+                Some("ERR")
+            );
+        }
     }
 
     #[test]

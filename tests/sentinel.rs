@@ -723,8 +723,17 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     holder.shutdown().await.unwrap();
 }
 
-/// README.md, "Least privilege" for the Sentinels.
+/// README.md, "Least privilege" for the Sentinels (checked against README below).
 const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
+
+#[test]
+fn the_sentinel_user_is_the_one_readme_gives() {
+    let line = include_str!("../README.md")
+        .lines()
+        .find(|l| l.starts_with("user watcher "))
+        .expect("README.md, \"Least privilege\", has the Sentinel user line");
+    assert_eq!(line.replace(">password", ">w4tcher"), SENTINEL_RULE);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
@@ -780,10 +789,9 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
         &new.command(&["ACL", "LOG"]),
         &sentinel.command(&["ACL", "LOG"]),
     ] {
-        assert!(
-            !server.contains("locker") && !server.contains("watcher"),
-            "ACL LOG has denials: {server}"
-        );
+        // Empty, not just free of our users: the test's own admin connections are never
+        // refused, so any entry is something the driver (or redis-rs for it) sent.
+        assert_eq!(server, "*0\r\n", "ACL LOG has denials: {server}");
     }
 }
 
@@ -920,13 +928,17 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
         .map(|s| s.to_string())
         .collect()
     };
-    let (primary_tls, replica_tls, sentinel_tls) = (free_port(), free_port(), free_port());
+    // Each TLS port is picked right before its server binds it: picked all at once, one of
+    // them was handed out again as a later server's plain port (seen on a busy machine).
+    let primary_tls = free_port();
     let args = tls_args(&primary_tls.to_string());
     let old = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let replica_tls = free_port();
     let mut args = tls_args(&replica_tls.to_string());
     args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_tls.to_string()]);
     let new = RedisServer::start_with_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
     wait_for_replicas(&old, 1, Duration::from_secs(10));
+    let sentinel_tls = free_port();
     let conf = [
         format!("tls-port {sentinel_tls}"),
         format!("tls-cert-file {cert}"),

@@ -67,6 +67,7 @@ pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() ->
 
 /// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
 /// ACL tests, the minReplicas one (+ `+wait`) and the Sentinel one (+ `+role`) all start here.
+/// `tests/acl.rs` checks it against README's line.
 pub const LEAST_PRIVILEGE_RULE: &[&str] = &[
     "on",
     ">s3cret",
