@@ -314,6 +314,7 @@ impl Driver {
                 }
                 Attempt::Busy(pttl) => {
                     last_failure = None;
+                    place.line.found_taken();
                     // Really waiting now: listen for releases instead of polling fast.
                     place.mark_waiting();
                     inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
@@ -388,11 +389,29 @@ impl Driver {
     /// their first waiters try first, or this process, whose runtime is already awake,
     /// would win most hand-offs (decision 0010). Counted from our own wake: the other
     /// processes hear the same notification at about the same moment.
+    ///
+    /// A release announced during a staggered head start (decision 0070) means someone took
+    /// the key and gave it back meanwhile: the head start is sized again, shorter, instead
+    /// of trying for a key that was surely taken. A long head start is thus often never
+    /// served, which spares Redis the attempt.
     async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
-        match place.line.head_start() {
-            Some(head_start) => self.unless_stopped(cancel, precise_sleep(head_start)).await,
-            None => Ok(()),
+        while let Some(head_start) = place.line.head_start(self.inner.lines.others_listening()) {
+            let announced = self
+                .unless_stopped(cancel, async {
+                    tokio::select! {
+                        biased;
+                        _ = place.line.wake.notified() => true,
+                        _ = precise_sleep(head_start) => false,
+                    }
+                })
+                .await?;
+            if !announced {
+                break;
+            }
+            // Someone took the key and gave it back while we gave way: as if found taken.
+            place.line.found_taken();
         }
+        Ok(())
     }
 
     /// How long a waiter sleeps without other news: notifyPollIntervalMs while release
@@ -453,7 +472,7 @@ impl Driver {
                 if let Ok(ReleaseReply::Deleted { listeners }) = released {
                     // Our own subscription is one of the listeners while it is live.
                     let ours = u64::from(tracked.inner.notify.is_live());
-                    tracked.inner.lines.heard_release(listeners > ours);
+                    tracked.inner.lines.heard_release(listeners.saturating_sub(ours));
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
             }));
