@@ -122,7 +122,19 @@ export interface RedisLockBackendInput {
    * again from Redis TIME, so fences keep rising. Absent: counters never expire.
    */
   fenceTtlMs?: number | undefined
+  /**
+   * Extension: where releases are announced and waiters listen; default `'namespace'` (the
+   * TypeScript driver's one channel `<namespace>:lock-released`). `'per-key'`: a release
+   * publishes on `<namespace>:lock-released:{<sha256 hex of the key>}` only (sharded pub/sub
+   * on a Redis Cluster 7.0+), and a process subscribes only to the keys it waits on.
+   * `'both'`: publishes on both channels and listens per key, for a rolling migration.
+   * README.md, "Release notifications per key".
+   */
+  notifications?: RedisLockNotifications | undefined
 }
+
+/** The values of {@link RedisLockBackendInput.notifications}. */
+export type RedisLockNotifications = 'namespace' | 'per-key' | 'both'
 
 /** Options without a default: {@link parseRedisLockBackend} returns them only when given. */
 type OptionalBackendFields = 'fenceTtlMs'

@@ -92,6 +92,7 @@ describe('parseRedisLockBackend', () => {
       maxKeyBytes: 1024,
       minReplicas: 0,
       replicaTimeoutMs: 500,
+      notifications: 'namespace',
     });
   });
 

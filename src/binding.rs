@@ -147,6 +147,8 @@ pub struct NativeBackendOptions {
     pub replica_timeout_ms: u32,
     /// Absent unless given (decision 0031).
     pub fence_ttl_ms: Option<i64>,
+    /// `'namespace'`, `'per-key'` or `'both'` (decision 0060).
+    pub notifications: String,
 }
 
 #[napi]
@@ -168,6 +170,7 @@ pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, Nati
             replica_timeout_ms: o.replica_timeout_ms,
             // At most 2^53-1 (validated), so exact as i64 and as a JS number.
             fence_ttl_ms: o.fence_ttl_ms.map(|ttl| ttl as i64),
+            notifications: o.notifications.as_str().to_owned(),
         }),
         Err(e) => Either::B(e.into()),
     })

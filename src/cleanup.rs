@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::ScriptCall;
 use crate::driver::Driver;
 use crate::error::{LockError, Outcome, RedisFailure};
 use crate::keys::KeyNames;
@@ -116,11 +115,7 @@ impl Driver {
         keys: &KeyNames,
         token: &str,
     ) -> Result<ReleaseReply, LockError> {
-        let call = ScriptCall {
-            script: &scripts::RELEASE,
-            keys: vec![keys.lock.clone()],
-            args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.to_string()],
-        };
+        let call = self.inner.release_channels.call(keys, token);
         let (value, _) = self.inner.link.run(&call).await.map_err(LockError::from_redis)?;
         scripts::parse_release(&value)
             .ok_or_else(|| LockError::from_redis(RedisFailure::unexpected_reply()))

@@ -106,6 +106,9 @@ pub struct RedisLink {
     /// The server refused HELLO 3 (Redis < 6): commands use the RESP2 client.
     resp2_only: AtomicBool,
     cluster: Option<ClusterClient>,
+    /// Where sharded subscriptions start (the URL of a Cluster node; holds a password,
+    /// never printed).
+    cluster_url: Option<String>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     pub command_timeout: Duration,
@@ -204,6 +207,7 @@ impl RedisLink {
             tls: options.tls.clone(),
             resp2_only: AtomicBool::new(false),
             cluster,
+            cluster_url: options.cluster.then(|| options.url.clone()),
             config,
             connect_timeout,
             command_timeout,
@@ -420,23 +424,7 @@ impl RedisLink {
     ) -> Result<redis::aio::PubSubStream, SubscribeFailure> {
         let resolved = AtomicBool::new(matches!(self.target, Target::Fixed(_)));
         let connect = async {
-            let client = match &self.target {
-                Target::Fixed(node) => node.resp2.clone(),
-                Target::Sentinel(sentinel) => {
-                    let address =
-                        sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;
-                    let node = sentinel
-                        .node_info(&address)
-                        .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
-                        .map_err(|e| SubscribeFailure::NoPrimary(RedisFailure::connect(&e)))?;
-                    resolved.store(true, Ordering::Release);
-                    node.resp2
-                }
-            };
-            let mut pubsub = client
-                .get_async_pubsub()
-                .await
-                .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+            let mut pubsub = self.pubsub_connection(&resolved).await?;
             pubsub.subscribe(channel).await.map_err(|e| {
                 let failure = RedisFailure::command(&e);
                 if refuses_subscribe(&e) {
@@ -449,14 +437,70 @@ impl RedisLink {
         };
         let outcome =
             tokio::time::timeout(self.connect_timeout + self.command_timeout, connect).await;
-        outcome.unwrap_or_else(|_| {
-            let failure = RedisFailure::connect_timeout();
-            Err(if resolved.load(Ordering::Acquire) {
-                SubscribeFailure::Failed(failure)
-            } else {
-                SubscribeFailure::NoPrimary(failure)
-            })
+        outcome.unwrap_or_else(|_| Err(subscribe_timeout(&resolved)))
+    }
+
+    /// A dedicated connection for subscriptions, not yet subscribed to anything (per-key
+    /// notifications subscribe and unsubscribe on it as keys come and go): on the node the
+    /// URL names (a Cluster's classic pub/sub reaches every node), or on the primary
+    /// Sentinel names now, as [`subscribe`](Self::subscribe).
+    pub async fn open_pubsub(&self) -> Result<redis::aio::PubSub, SubscribeFailure> {
+        let resolved = AtomicBool::new(matches!(self.target, Target::Fixed(_)));
+        let connect = self.pubsub_connection(&resolved);
+        let outcome = tokio::time::timeout(self.connect_timeout, connect).await;
+        outcome.unwrap_or_else(|_| Err(subscribe_timeout(&resolved)))
+    }
+
+    /// A Cluster connection for sharded subscriptions (SSUBSCRIBE is sent to the node that
+    /// owns the channel's slot), speaking RESP3 so that messages, the server's own
+    /// `sunsubscribe` at a slot move, and a node connection's end arrive as pushes on the
+    /// returned receiver. None without `cluster: true`.
+    pub async fn open_shard_pubsub(
+        &self,
+    ) -> Option<Result<(ClusterConnection, ShardPushes), SubscribeFailure>> {
+        let url = self.cluster_url.as_deref()?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Unlike scripts, SSUBSCRIBE is safe to resend: redis-rs may follow MOVED and retry.
+        let mut builder = ClusterClient::builder(vec![url])
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.command_timeout);
+        if let Some(certificates) = self.tls.as_ref().map(certificates) {
+            builder = builder.certs(certificates);
+        }
+        let opened = async {
+            let client = builder.build().map_err(|e| RedisFailure::connect(&e))?;
+            client.get_async_connection().await.map_err(|e| RedisFailure::connect(&e))
+        };
+        Some(match tokio::time::timeout(self.connect_timeout, opened).await {
+            Err(_) => Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())),
+            Ok(Err(failure)) => Err(SubscribeFailure::Failed(failure)),
+            Ok(Ok(conn)) => Ok((conn, rx)),
         })
+    }
+
+    async fn pubsub_connection(
+        &self,
+        resolved: &AtomicBool,
+    ) -> Result<redis::aio::PubSub, SubscribeFailure> {
+        let client = match &self.target {
+            Target::Fixed(node) => node.resp2.clone(),
+            Target::Sentinel(sentinel) => {
+                let address =
+                    sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;
+                let node = sentinel
+                    .node_info(&address)
+                    .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
+                    .map_err(|e| SubscribeFailure::NoPrimary(RedisFailure::connect(&e)))?;
+                resolved.store(true, Ordering::Release);
+                node.resp2
+            }
+        };
+        client
+            .get_async_pubsub()
+            .await
+            .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))
     }
 
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
@@ -563,6 +607,9 @@ impl Drop for RedisLink {
     }
 }
 
+/// The pushes of a sharded subscription connection.
+pub type ShardPushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
+
 /// Why a subscription could not be had.
 #[derive(Debug)]
 pub enum SubscribeFailure {
@@ -578,10 +625,21 @@ pub enum SubscribeFailure {
     NoPrimary(RedisFailure),
 }
 
+/// A subscription that timed out: a failure at the data node once it was known, otherwise
+/// Sentinel's failure to name it.
+fn subscribe_timeout(resolved: &AtomicBool) -> SubscribeFailure {
+    let failure = RedisFailure::connect_timeout();
+    if resolved.load(Ordering::Acquire) {
+        SubscribeFailure::Failed(failure)
+    } else {
+        SubscribeFailure::NoPrimary(failure)
+    }
+}
+
 /// The reply to SUBSCRIBE says the command itself is refused, not the connection: NOPERM
 /// (an ACL without the channel or the command) or an unknown command. "max number of
 /// clients reached" and other ERRs say nothing about SUBSCRIBE.
-fn refuses_subscribe(err: &redis::RedisError) -> bool {
+pub(crate) fn refuses_subscribe(err: &redis::RedisError) -> bool {
     match err.code() {
         Some("NOPERM") => true,
         Some("ERR") => {

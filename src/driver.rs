@@ -11,12 +11,13 @@ use tokio_util::task::TaskTracker;
 use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
+use crate::key_notify::KeySubscriptions;
 use crate::keys::{self, KeyLayout, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
-use crate::notify::{sleep_until_opt, Notifier};
+use crate::notify::{sleep_until_opt, Notifications, Notifier};
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::replicas::Replicas;
-use crate::scripts::{self, ReleaseReply};
+use crate::scripts::{self, ReleaseChannels, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
 
@@ -33,10 +34,11 @@ pub(crate) struct Inner {
     pub options: BackendOptions,
     pub layout: KeyLayout,
     pub link: Arc<RedisLink>,
-    pub channel: String,
+    /// Where releases are published (`notifications`).
+    pub release_channels: ReleaseChannels,
     pub leases: Registry,
     pub lines: Arc<Lines>,
-    pub notify: Arc<Notifier>,
+    pub notify: Notifications,
     pub in_progress: InProgress,
     pub counters: Counters,
     /// WAIT for minReplicas after a winning acquire and a renew (decisions 0025–0027).
@@ -81,15 +83,26 @@ impl Driver {
             ));
         }
         let replicas = Replicas::new(&options, link.command_timeout);
-        let channel = keys::released_channel(&options.namespace);
-        let notify = Arc::new(Notifier::new(id, channel.clone(), notifications_enabled()));
+        let release_channels =
+            ReleaseChannels::new(&options.namespace, options.notifications, connection.cluster);
+        let notify = if options.notifications.per_key() {
+            Notifications::PerKey(Arc::new(KeySubscriptions::new(
+                id,
+                &options.namespace,
+                notifications_enabled(),
+                connection.cluster,
+            )))
+        } else {
+            let channel = keys::released_channel(&options.namespace);
+            Notifications::Namespace(Arc::new(Notifier::new(id, channel, notifications_enabled())))
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 id,
                 layout: KeyLayout::new(&options.namespace),
                 options,
                 link: Arc::new(link),
-                channel,
+                release_channels,
                 leases: Registry::default(),
                 lines: Arc::new(Lines::default()),
                 notify,
@@ -147,6 +160,11 @@ impl Driver {
     /// it follows a new primary).
     pub fn subscriptions(&self) -> u64 {
         self.inner.notify.subscriptions()
+    }
+
+    /// Keys with a confirmed per-key subscription now (0 with the namespace channel).
+    pub fn subscribed_keys(&self) -> usize {
+        self.inner.notify.subscribed_keys()
     }
 
     /// Changes of primary this backend followed (Sentinel; 0 otherwise).
@@ -264,9 +282,16 @@ impl Driver {
             if skip_attempt {
                 skip_attempt = false;
                 place.mark_waiting();
-                inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
-                let delay =
-                    self.safety_interval().min(deadline.saturating_duration_since(Instant::now()));
+                inner.notify.ensure(
+                    &keys.hash,
+                    &inner.link,
+                    &inner.lines,
+                    &inner.stopping,
+                    &inner.tasks,
+                );
+                let delay = self
+                    .safety_interval(&keys.hash)
+                    .min(deadline.saturating_duration_since(Instant::now()));
                 self.pause(place, delay, &cancel).await?;
                 continue;
             }
@@ -317,15 +342,21 @@ impl Driver {
                     place.line.found_taken();
                     // Really waiting now: listen for releases instead of polling fast.
                     place.mark_waiting();
-                    inner.notify.ensure(&inner.link, &inner.lines, &inner.stopping, &inner.tasks);
+                    inner.notify.ensure(
+                        &keys.hash,
+                        &inner.link,
+                        &inner.lines,
+                        &inner.stopping,
+                        &inner.tasks,
+                    );
                     match pttl {
                         // Expired or gone in between: try again at once.
                         Some(0) | Some(-2) => Duration::ZERO,
                         Some(ms) if ms > 0 => {
-                            Duration::from_millis(ms as u64).min(self.safety_interval())
+                            Duration::from_millis(ms as u64).min(self.safety_interval(&keys.hash))
                         }
                         // No expiry (-1) or an old script's nil: only the safety interval is known.
-                        _ => self.safety_interval(),
+                        _ => self.safety_interval(&keys.hash),
                     }
                 }
                 Attempt::Failed(failure) if wait_ms > 0 && failure.rides_out_waiting() => {
@@ -414,11 +445,12 @@ impl Driver {
         Ok(())
     }
 
-    /// How long a waiter sleeps without other news: notifyPollIntervalMs while release
-    /// notifications are live, pollIntervalMs otherwise.
-    fn safety_interval(&self) -> Duration {
+    /// How long a waiter of `hash` sleeps without other news: notifyPollIntervalMs while a
+    /// release of it would be heard (per key: its subscription is confirmed),
+    /// pollIntervalMs otherwise.
+    fn safety_interval(&self, hash: &str) -> Duration {
         let options = &self.inner.options;
-        let ms = if self.inner.notify.is_live() {
+        let ms = if self.inner.notify.is_live_for(hash) {
             options.notify_poll_interval_ms
         } else {
             options.poll_interval_ms
@@ -471,7 +503,7 @@ impl Driver {
                 }
                 if let Ok(ReleaseReply::Deleted { listeners }) = released {
                     // Our own subscription is one of the listeners while it is live.
-                    let ours = u64::from(tracked.inner.notify.is_live());
+                    let ours = u64::from(tracked.inner.notify.is_live_for(&lease.keys.hash));
                     tracked.inner.lines.heard_release(listeners.saturating_sub(ours));
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))

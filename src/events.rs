@@ -40,3 +40,16 @@ pub fn notify_failed(driver: u64, cause: &RedisFailure) {
         "the release-notification subscription failed; waiters poll"
     );
 }
+
+/// Per-key notifications on a Cluster without sharded pub/sub (Redis < 7.0, or SSUBSCRIBE
+/// refused): classic PUBLISH/SUBSCRIBE on the key's channel instead, which every node
+/// relays to every other (decision 0064). Said once per backend.
+pub fn notify_unsharded(driver: u64) {
+    tracing::info!(
+        target: TARGET,
+        driver,
+        code = "LOCK_NOTIFY_UNSHARDED",
+        reason = "unsupported",
+        "this Redis Cluster has no sharded pub/sub; per-key notifications use classic PUBLISH/SUBSCRIBE"
+    );
+}

@@ -61,6 +61,13 @@ pub fn released_channel(namespace: &str) -> String {
     format!("{namespace}:lock-released")
 }
 
+/// `<namespace>:lock-released:{`: with a key's hash and `}`, the channel of that key alone
+/// (`notifications: 'per-key'`). The lock key's hash tag, so in a Cluster the channel
+/// lives in the key's slot (sharded pub/sub, decision 0060).
+pub fn key_released_prefix(namespace: &str) -> String {
+    format!("{namespace}:lock-released:{{")
+}
+
 /// Validates a key given as UTF-16 code units, before any conversion: a lone surrogate
 /// would otherwise become U+FFFD and share a lock with a real U+FFFD.
 pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {

@@ -8,6 +8,7 @@ pub mod connection;
 pub mod driver;
 pub mod error;
 pub mod events;
+pub mod key_notify;
 pub mod keys;
 pub mod lease;
 pub mod notify;

@@ -15,7 +15,73 @@ use tokio_util::task::TaskTracker;
 use crate::connection::{RedisLink, SubscribeFailure};
 use crate::error::RedisFailure;
 use crate::events;
+use crate::key_notify::KeySubscriptions;
 use crate::waiters::Lines;
+
+/// The release notifications of one backend, as `notifications` chose them.
+pub enum Notifications {
+    /// The namespace channel (the default).
+    Namespace(Arc<Notifier>),
+    /// A channel per key waited on (`'per-key'`, `'both'`).
+    PerKey(Arc<KeySubscriptions>),
+}
+
+impl Notifications {
+    /// A waiter of `hash` really starts waiting.
+    pub fn ensure(
+        &self,
+        hash: &Arc<str>,
+        link: &Arc<RedisLink>,
+        lines: &Arc<Lines>,
+        stopping: &CancellationToken,
+        tasks: &TaskTracker,
+    ) {
+        match self {
+            Self::Namespace(n) => n.ensure(link, lines, stopping, tasks),
+            Self::PerKey(k) => k.ensure(hash, link, lines, stopping, tasks),
+        }
+    }
+
+    /// A release of `hash` would be heard here now.
+    pub fn is_live_for(&self, hash: &str) -> bool {
+        match self {
+            Self::Namespace(n) => n.is_live(),
+            Self::PerKey(k) => k.is_live_for(hash),
+        }
+    }
+
+    /// The state of the subscribe connection.
+    pub fn state(&self) -> SubscriptionState {
+        match self {
+            Self::Namespace(n) => n.state(),
+            Self::PerKey(k) => k.state(),
+        }
+    }
+
+    pub fn received(&self) -> u64 {
+        match self {
+            Self::Namespace(n) => n.received(),
+            Self::PerKey(k) => k.received(),
+        }
+    }
+
+    /// Subscriptions confirmed: of the namespace channel, or SUBSCRIBE round trips (each a
+    /// batch of keys).
+    pub fn subscriptions(&self) -> u64 {
+        match self {
+            Self::Namespace(n) => n.subscriptions(),
+            Self::PerKey(k) => k.subscriptions(),
+        }
+    }
+
+    /// Keys with a confirmed subscription (per key; 0 on the namespace channel).
+    pub fn subscribed_keys(&self) -> usize {
+        match self {
+            Self::Namespace(_) => 0,
+            Self::PerKey(k) => k.live_keys(),
+        }
+    }
+}
 
 /// How long the subscription outlives the last waiter (description: 1 second).
 pub const IDLE_UNSUBSCRIBE: Duration = Duration::from_secs(1);
@@ -274,7 +340,7 @@ enum Ended {
 }
 
 /// Resolves at the next change of primary; never without Sentinel.
-async fn primary_switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+pub(crate) async fn primary_switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     if let Some(switches) = switches {
         if switches.changed().await.is_ok() {
             return;

@@ -54,6 +54,35 @@ pub struct BackendOptions {
     pub replica_timeout_ms: u32,
     /// Expiry of a newly seeded fence counter; `None`: counters never expire (decision 0031).
     pub fence_ttl_ms: Option<u64>,
+    /// Where releases are announced and waiters listen (issue 17, decision 0060).
+    pub notifications: NotificationMode,
+}
+
+/// `notifications`: the channels a release publishes on and a waiter listens to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NotificationMode {
+    /// The TypeScript driver's one channel `<namespace>:lock-released` (the default).
+    #[default]
+    Namespace,
+    /// A channel per key, `<namespace>:lock-released:{<hash>}`; waiters subscribe to the
+    /// keys they wait on only.
+    PerKey,
+    /// Migration: publishes on both channels, listens per key (decision 0062).
+    Both,
+}
+
+impl NotificationMode {
+    pub const VALUES: [(&'static str, Self); 3] =
+        [("namespace", Self::Namespace), ("per-key", Self::PerKey), ("both", Self::Both)];
+
+    pub fn as_str(self) -> &'static str {
+        Self::VALUES.iter().find(|(_, m)| *m == self).map_or("namespace", |(name, _)| name)
+    }
+
+    /// Waiters listen on the channels of their keys, not the namespace channel.
+    pub fn per_key(self) -> bool {
+        self != Self::Namespace
+    }
 }
 
 /// One integer field: its name, default and inclusive range.
@@ -137,7 +166,7 @@ fn required_string<'a>(what: &str, raw: Option<&'a Raw>) -> Result<&'a str, Lock
 pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
     let mut known = vec!["driver", "connection", "namespace"];
     known.extend(INT_FIELDS.iter().map(|f| f.name));
-    known.push("fenceTtlMs");
+    known.extend(["fenceTtlMs", "notifications"]);
     let fields = fields("options", raw, &known)?;
 
     match get(fields, "driver") {
@@ -163,6 +192,15 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
     }
     let fence_ttl_ms =
         get(fields, "fenceTtlMs").map(|v| fence_ttl("options.fenceTtlMs", v)).transpose()?;
+    let notifications = match get(fields, "notifications") {
+        None => NotificationMode::default(),
+        Some(Raw::String(s)) => NotificationMode::VALUES
+            .iter()
+            .find(|(name, _)| name == s)
+            .map(|(_, mode)| *mode)
+            .ok_or_else(notifications_rule)?,
+        Some(_) => return Err(notifications_rule()),
+    };
     let [lease_ms, wait_timeout_ms, poll_interval_ms, notify_poll_interval_ms, max_waiters, max_tracked_leases, shutdown_timeout_ms, max_key_bytes, min_replicas, replica_timeout_ms] =
         ints;
     Ok(BackendOptions {
@@ -179,7 +217,12 @@ pub fn parse_backend(raw: &Raw) -> Result<BackendOptions, LockError> {
         min_replicas,
         replica_timeout_ms,
         fence_ttl_ms,
+        notifications,
     })
+}
+
+fn notifications_rule() -> LockError {
+    invalid("options.notifications must be 'namespace', 'per-key' or 'both'".to_owned())
 }
 
 /// The largest integer a JS number holds exactly.
@@ -495,6 +538,35 @@ mod tests {
             0
         );
         assert_eq!(parse_backend(&with(("leaseMs", Raw::Undefined))).unwrap().lease_ms, 10_000);
+    }
+
+    #[test]
+    fn notifications_default_to_the_namespace_channel_and_take_three_names_only() {
+        assert_eq!(
+            parse_backend(&obj(&base())).unwrap().notifications,
+            NotificationMode::Namespace
+        );
+        for (name, mode) in NotificationMode::VALUES {
+            assert_eq!(
+                parse_backend(&with(("notifications", s(name)))).unwrap().notifications,
+                mode
+            );
+            assert_eq!(mode.as_str(), name);
+        }
+        assert_eq!(
+            parse_backend(&with(("notifications", Raw::Undefined))).unwrap().notifications,
+            NotificationMode::Namespace
+        );
+        for bad in [s("perkey"), s("Per-Key"), s(""), Raw::Null, Raw::Bool(true), Raw::Number(1.0)]
+        {
+            let e = err(&with(("notifications", bad.clone())));
+            assert_eq!(e.code, LockErrorCode::InvalidOptions, "{bad:?}");
+            assert!(
+                e.message.contains("options.notifications") && !e.message.contains("perkey"),
+                "{}",
+                e.message
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,10 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
+use crate::connection::ScriptCall;
+use crate::keys::{self, KeyNames};
+use crate::options::NotificationMode;
+
 /// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
 pub struct LuaScript {
     pub name: &'static str,
@@ -24,11 +28,59 @@ pub static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
 pub static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
+/// Release for `notifications: 'per-key'` and `'both'` (release.lua stays the default's).
+pub static RELEASE_KEYED: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("release_keyed", RELEASE_KEYED_SOURCE));
 pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
 
 pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
 pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
 pub const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+pub const RELEASE_KEYED_SOURCE: &str = include_str!("scripts/release_keyed.lua");
+
+/// Where a release announces itself, per `notifications` (decision 0060).
+pub struct ReleaseChannels {
+    mode: NotificationMode,
+    /// `<namespace>:lock-released`.
+    namespace: String,
+    /// `<namespace>:lock-released:{`.
+    key_prefix: String,
+    /// SPUBLISH (Cluster), falling back to PUBLISH where the server lacks it.
+    sharded: bool,
+}
+
+impl ReleaseChannels {
+    pub fn new(namespace: &str, mode: NotificationMode, cluster: bool) -> Self {
+        Self {
+            mode,
+            namespace: keys::released_channel(namespace),
+            key_prefix: keys::key_released_prefix(namespace),
+            sharded: cluster,
+        }
+    }
+
+    /// The release script for `keys` and `token`. The namespace default sends exactly what
+    /// the TypeScript driver sends.
+    pub fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
+        if self.mode == NotificationMode::Namespace {
+            return ScriptCall {
+                script: &RELEASE,
+                keys: vec![keys.lock.clone()],
+                args: vec![token.to_owned(), self.namespace.clone(), keys.hash.to_string()],
+            };
+        }
+        let mut args = vec![
+            token.to_owned(),
+            format!("{}{}}}", self.key_prefix, keys.hash),
+            keys.hash.to_string(),
+            if self.sharded { "1" } else { "0" }.to_owned(),
+        ];
+        if self.mode == NotificationMode::Both {
+            args.push(self.namespace.clone());
+        }
+        ScriptCall { script: &RELEASE_KEYED, keys: vec![keys.lock.clone()], args }
+    }
+}
 
 /// ARGV of the acquire script. Without a `fenceTtlMs` the arguments are the same two as
 /// before the option existed.
@@ -154,5 +206,20 @@ mod tests {
         assert_eq!(ACQUIRE.sha().len(), 40);
         assert_ne!(ACQUIRE.sha(), RELEASE.sha());
         assert_ne!(RELEASE.sha(), RENEW.sha());
+        assert_ne!(RELEASE.sha(), RELEASE_KEYED.sha());
+    }
+
+    #[test]
+    fn the_namespace_default_releases_as_the_typescript_driver_and_per_key_on_the_keys_channel() {
+        let k = KeyNames::new("svc", "job:1");
+        let ns = ReleaseChannels::new("svc", NotificationMode::Namespace, true).call(&k, "tok");
+        assert_eq!(ns.script.sha(), RELEASE.sha());
+        assert_eq!(ns.args, ["tok", "svc:lock-released", &*k.hash]);
+        let channel = format!("svc:lock-released:{{{}}}", k.hash);
+        let per_key = ReleaseChannels::new("svc", NotificationMode::PerKey, false).call(&k, "tok");
+        assert_eq!(per_key.script.sha(), RELEASE_KEYED.sha());
+        assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
+        let both = ReleaseChannels::new("svc", NotificationMode::Both, true).call(&k, "tok");
+        assert_eq!(both.args, ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]);
     }
 }

@@ -193,12 +193,25 @@ impl Lines {
         .is_some()
     }
 
+    /// Wakes the first waiter of the line of `hash` to check once more, without a release
+    /// announced (a new subscription to the key).
+    pub fn check_again(&self, hash: &str) {
+        if let Some(line) = self.map().get(hash).cloned() {
+            line.wake.notify_one();
+        }
+    }
+
     /// Wakes the first waiter of every line.
     pub fn wake_all(&self) {
         let lines: Vec<_> = self.map().values().cloned().collect();
         for line in lines {
             line.wake.notify_one();
         }
+    }
+
+    /// Whether the key of `hash` has a line (an acquire in progress).
+    pub fn contains(&self, hash: &str) -> bool {
+        self.map().contains_key(hash)
     }
 
     /// Waiters of this backend, over all lines.

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use common::{driver, url};
 use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::Driver;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +46,61 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     d.shutdown().await.unwrap();
 
     // Nothing the driver sent was refused.
+    let log = redis.command(&["ACL", "LOG"]);
+    assert!(!log.contains("locker"), "ACL LOG has denials: {log}");
+}
+
+/// README's rule for `notifications: 'per-key'`: the key channels (`&locks:lock-released*`)
+/// and `+unsubscribe`, which the grace period's UNSUBSCRIBE needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_readmes_additions() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]);
+    let mut setuser = vec!["ACL", "SETUSER", "locker"];
+    setuser.extend(common::LEAST_PRIVILEGE_RULE.iter().map(|r| {
+        if *r == "&locks:lock-released" {
+            "&locks:lock-released*"
+        } else {
+            r
+        }
+    }));
+    setuser.push("+unsubscribe");
+    assert!(redis.command(&setuser).starts_with("+OK"));
+    let user_url = redis.url().replace("redis://", "redis://locker:s3cret@");
+    let fields = vec![
+        ("driver".to_owned(), Raw::String("redis".into())),
+        ("connection".to_owned(), Raw::String("main".into())),
+        ("namespace".to_owned(), Raw::String("locks".into())),
+        ("notifications".to_owned(), Raw::String("per-key".into())),
+        ("pollIntervalMs".to_owned(), Raw::Number(5_000.0)),
+        ("notifyPollIntervalMs".to_owned(), Raw::Number(5_000.0)),
+    ];
+    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
+    let d = Driver::new(&options::parse_connection(&url(&user_url)).unwrap(), backend).unwrap();
+
+    let held = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let d = d.clone();
+        async move { d.acquire("k", Some(5_000), CancellationToken::new()).await }
+    });
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    while d.subscribed_keys() != 1 {
+        assert!(std::time::Instant::now() < end, "subscription state {:?}", d.subscription_state());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(d.release(&held).await.unwrap());
+    let next = waiter.await.unwrap().expect("woken by the notification, well before the 5 s poll");
+    assert!(d.release(&next).await.unwrap());
+    // The grace period passes: the key is unsubscribed (UNSUBSCRIBE) and the connection closes.
+    let end = std::time::Instant::now() + Duration::from_secs(4);
+    while d.subscription_state() != SubscriptionState::Off {
+        assert!(std::time::Instant::now() < end, "subscription state {:?}", d.subscription_state());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.shutdown().await.unwrap();
+
     let log = redis.command(&["ACL", "LOG"]);
     assert!(!log.contains("locker"), "ACL LOG has denials: {log}");
 }

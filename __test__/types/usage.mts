@@ -15,6 +15,7 @@ import {
   type RedisErrorLike,
   type RedisLockBackend,
   type RedisLockBackendInput,
+  type RedisLockNotifications,
   type ReleaseTraceContext,
   type RenewTraceContext,
 } from '@dokebi/lock-redis'
@@ -38,6 +39,7 @@ const input = {
   minReplicas: 1,
   replicaTimeoutMs: 500,
   fenceTtlMs: 86_400_000,
+  notifications: 'per-key',
 } satisfies RedisLockBackendInput
 const minimal: RedisLockBackendInput = { driver: 'redis', connection: 'main', namespace: 'my-service' }
 const parsed: RedisLockBackend = parseRedisLockBackend(minimal)
@@ -47,6 +49,7 @@ const everyDefault: [number, number, number, number, number, number, number, num
   parsed.minReplicas, parsed.replicaTimeoutMs,
 ]
 const namespace: string = parsed.namespace
+const notifications: RedisLockNotifications = parsed.notifications // always filled in: 'namespace' by default
 const fenceTtlMs: number | undefined = parsed.fenceTtlMs // absent unless given: no default
 const fromYaml: unknown = JSON.parse('{"driver":"redis","connection":"main","namespace":"x"}')
 parseRedisLockBackend(fromYaml) // dokebi-lock passes raw config: `unknown` is accepted
