@@ -18,7 +18,7 @@
 // subscribers' socket.bytesRead), the driver process's CPU per pair.
 //
 // `--cluster`: the same on a 3-master Redis Cluster (cluster: true), Redis CPU summed over
-// the three nodes per pair: `classic` (namespace mode: PUBLISH, which the cluster bus
+// the three nodes per pair, and on a 1-master Cluster as the single-node baseline: `classic` (namespace mode: PUBLISH, which the cluster bus
 // broadcasts to every node; subscribers spread over the nodes) and `sharded` (per-key
 // mode: SPUBLISH; each subscriber SSUBSCRIBEs a per-key channel of another key on the node
 // that owns its slot). A mode the built driver does not accept (`notifications` unknown) is
@@ -149,15 +149,19 @@ async function standalone() {
   };
 }
 
-async function cluster3() {
+// A Cluster of `masters` nodes, no replicas. One master (the baseline "single node" of a
+// Cluster: the same cluster-enabled bookkeeping per key, no cluster bus traffic) gets every
+// slot by CLUSTER ADDSLOTSRANGE, as redis-cli --cluster create wants 3 masters at least.
+async function cluster(masters) {
   const { startRedis } = await import('../__test__/helpers/redis.mjs');
   const { freePort } = await import('../__test__/helpers/lock.mjs');
   const servers = [];
   try {
-    for (let i = 0; i < 3; i++) {
+    for (let i = 0; i < masters; i++) {
       servers.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '5000'] }));
     }
-    execFileSync('redis-cli', ['--cluster', 'create', ...servers.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
+    if (masters === 1) await servers[0].command('CLUSTER', 'ADDSLOTSRANGE', '0', '16383');
+    else execFileSync('redis-cli', ['--cluster', 'create', ...servers.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
     const until = Date.now() + 20_000;
     for (;;) {
       const ok = await Promise.all(servers.map(async (s) => String(await s.command('CLUSTER', 'INFO')).includes('cluster_state:ok')));
@@ -178,7 +182,7 @@ async function cluster3() {
   };
   const { default: Redis } = await import('ioredis');
   return {
-    kind: 'cluster', version: info.redis_version, url: servers[0].url, cluster: true,
+    kind: masters === 1 ? 'cluster-1' : 'cluster', version: info.redis_version, url: servers[0].url, cluster: true,
     pids: () => servers.map((s) => s.pid),
     nodes: servers.map((s) => ({ host: '127.0.0.1', port: s.port, command: s.command })),
     // FLUSHALL runs on one node only in a cluster: every master.
@@ -186,7 +190,7 @@ async function cluster3() {
     subscriptions: async (mode, n, channelOf) => {
       if (mode === 'namespace') {
         // Classic pub/sub: a fleet's processes connect wherever; spread over the nodes.
-        return Array.from({ length: n }, (_, i) => ({ host: '127.0.0.1', port: servers[i % 3].port, command: ['SUBSCRIBE', `${NAMESPACE}:lock-released`] }));
+        return Array.from({ length: n }, (_, i) => ({ host: '127.0.0.1', port: servers[i % masters].port, command: ['SUBSCRIBE', `${NAMESPACE}:lock-released`] }));
       }
       const admin = new Redis(servers[0].port, { lazyConnect: true });
       await admin.connect();
@@ -324,8 +328,10 @@ async function main() {
     try { results.standalone = await runDeployment(d, modes, opts.subscribers, opts, skipped); } finally { await d.stop(); }
   }
   if (opts.cluster.length) {
-    const d = await cluster3();
+    const d = await cluster(3);
     try { results.cluster = await runDeployment(d, modes, opts.cluster, opts, skipped); } finally { await d.stop(); }
+    const one = await cluster(1);
+    try { results.clusterSingleNode = await runDeployment(one, modes, opts.cluster, opts, skipped); } finally { await one.stop(); }
   }
 
   // Targets (issue 17), from the medians of this run.
@@ -333,20 +339,24 @@ async function main() {
   const st = results.standalone;
   const row = (res, mode, n) => res?.rows.find((r) => r.mode === mode && r.subscribers === n)?.medians;
   const top = Math.max(...opts.subscribers);
-  if (st && row(st, 'per-key', 0) && row(st, 'per-key', top)) {
+  if (st && top > 0 && row(st, 'per-key', 0) && row(st, 'per-key', top)) {
     const ratio = row(st, 'per-key', top).redisCpuUsPerPair / row(st, 'per-key', 0).redisCpuUsPerPair;
     verdicts.push({ target: `per-key: Redis CPU per pair with ${top} subscribers on other keys <= 1.2x the 0-subscriber cost`, result: ratio <= 1.2 ? 'PASS' : 'FAIL', detail: `${fmt(row(st, 'per-key', top).redisCpuUsPerPair, 2)} vs ${fmt(row(st, 'per-key', 0).redisCpuUsPerPair, 2)} µs: ${fmt(ratio, 3)}x${row(st, 'namespace', top) ? ` (namespace mode: ${fmt(row(st, 'namespace', top).redisCpuUsPerPair / row(st, 'namespace', 0)?.redisCpuUsPerPair, 2)}x)` : ''}` });
     const bytes = Math.max(...st.rows.filter((r) => r.mode === 'per-key' && r.subscribers > 0).map((r) => Math.max(...r.reps.map((x) => x.bytesPerSubscriberPerRelease))));
     verdicts.push({ target: 'per-key: bytes read per uninterested subscriber per release = 0', result: bytes === 0 ? 'PASS' : 'FAIL', detail: `max over every repetition: ${bytes}` });
   }
   const cl = results.cluster;
-  if (cl && st) {
+  const one = results.clusterSingleNode;
+  if (cl && one) {
     for (const n of opts.cluster) {
       const sharded = row(cl, 'per-key', n);
-      const single = row(st, 'per-key', n) ?? row(st, 'per-key', 0);
+      const single = row(one, 'per-key', n);
       if (sharded && single) {
         const ratio = sharded.redisCpuUsPerPair / single.redisCpuUsPerPair;
-        verdicts.push({ target: `cluster, per-key sharded, ${n} subscribers: Redis CPU per pair summed over 3 masters <= 1.2x a single node's`, result: ratio <= 1.2 ? 'PASS' : 'FAIL', detail: `${fmt(sharded.redisCpuUsPerPair, 2)} vs ${fmt(single.redisCpuUsPerPair, 2)} µs (standalone per-key, ${row(st, 'per-key', n) ? n : 0} subscribers): ${fmt(ratio, 3)}x; classic: ${fmt(row(cl, 'namespace', n)?.redisCpuUsPerPair, 2)} µs` });
+        const classic = row(cl, 'namespace', n);
+        const classicOne = row(one, 'namespace', n);
+        const standalone = row(st, 'per-key', n);
+        verdicts.push({ target: `cluster, per-key sharded, ${n} subscribers: Redis CPU per pair summed over 3 masters <= 1.2x a single node's`, result: ratio <= 1.2 ? 'PASS' : 'FAIL', detail: `${fmt(sharded.redisCpuUsPerPair, 2)} vs ${fmt(single.redisCpuUsPerPair, 2)} µs (a 1-master Cluster, per-key, ${n} subscribers): ${fmt(ratio, 3)}x; classic PUBLISH: ${fmt(classic?.redisCpuUsPerPair, 2)} vs ${fmt(classicOne?.redisCpuUsPerPair, 2)} µs (${fmt(classic?.redisCpuUsPerPair / classicOne?.redisCpuUsPerPair, 3)}x)${standalone ? `; standalone (not cluster-enabled) per-key: ${fmt(standalone.redisCpuUsPerPair, 2)} µs (${fmt(sharded.redisCpuUsPerPair / standalone.redisCpuUsPerPair, 3)}x)` : ''}` });
       }
     }
   }
@@ -376,6 +386,7 @@ async function main() {
     `Machine: ${meta.machine.cpu} × ${meta.machine.cores}; Node ${process.version}; ${meta.redisServer}; addon ${addon.build} ${addon.sha256}, git ${meta.git.head?.slice(0, 7)}${meta.git.dirty?.length ? ' + uncommitted changes' : ''}.`,
     '', '## Standalone', '', ...table(results.standalone ?? { rows: [], skipped }, 'subscribers'),
     '', '## 3-master Cluster (Redis CPU summed over the nodes; namespace = classic PUBLISH, per-key = sharded SPUBLISH)', '', ...table(results.cluster ?? { rows: [], skipped }, 'subscribers'),
+    '', '## 1-master Cluster (every slot on one node: the single-node baseline of the Cluster target)', '', ...table(results.clusterSingleNode ?? { rows: [], skipped }, 'subscribers'),
     '', ...(verdicts.length ? ['## Targets', '', '| target | result | measured |', '|---|---|---|', ...verdicts.map((v) => `| ${v.target} | ${v.result} | ${v.detail} |`)] : []),
     '', ...(skipped.length ? [`Skipped: ${skipped.join('; ')}.`] : []), '',
   ].join('\n');
