@@ -103,6 +103,8 @@ const DOKEBI_INNER = ['set', 'pttl', 'exists', 'time', 'incr', 'get', 'del', 'pu
 const CONFIGS = [
   { name: 'dokebi-after', library: 'dokebi', env: {}, inner: DOKEBI_INNER,
     note: 'this driver, release notifications on (defaults: notifyPollIntervalMs 250)' },
+  { name: 'dokebi-perkey', library: 'dokebi', env: {}, notifications: 'per-key', inner: DOKEBI_INNER,
+    note: 'this driver with notifications: \'per-key\' (a channel per key; the listener count is per key)' },
   { name: 'dokebi-before', library: 'dokebi', env: { DOKEBI_LOCK_REDIS_NOTIFICATIONS: '0' }, inner: DOKEBI_INNER,
     note: 'this driver, DOKEBI_LOCK_REDIS_NOTIFICATIONS=0: polling only (pollIntervalMs 25)' },
   { name: 'redlock-default', library: 'redlock', peer: {}, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
@@ -172,7 +174,7 @@ async function runOne(server, cfg, rep, opts, shape) {
   try {
     const ready = procs.map((c) => nextMessage(c, 'ready', 30_000));
     procs.forEach((c, proc) => c.send({
-      type: 'init', library: cfg.library, peer: cfg.peer ?? {}, url: server.url, key, proc,
+      type: 'init', library: cfg.library, peer: cfg.peer ?? {}, notifications: cfg.notifications, url: server.url, key, proc,
       waiters: shape.waiters, holdMs: HOLD_MS, holdMode: opts.hold, leaseMs: LEASE_MS, waitMs: WAIT_MS,
     }));
     await Promise.all(ready);

@@ -51,6 +51,7 @@ async function makeAdapter(init, window, clientCommands) {
     const { createRedisLockDriver } = require('../index.js');
     const driver = createRedisLockDriver(url, {
       driver: 'redis', connection: 'bench', namespace: 'bench', leaseMs, waitTimeoutMs: waitMs,
+      ...(init.notifications ? { notifications: init.notifications } : {}),
     });
     return {
       // driver.stats() (not part of the LockDriver contract): Redis attempts and
