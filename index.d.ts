@@ -189,6 +189,7 @@ export interface LockDriverStats {
   /** All acquires in progress (what maxWaiters bounds). */
   inProgress: number
   trackedLeases: number
+  /** The release-notification connection (with `notifications: 'per-key'`: the one connection for every key's channel). */
   subscription: 'off' | 'starting' | 'live' | 'unsupported' | 'failed'
   /** Acquire scripts sent to Redis. */
   redisAttempts: number

@@ -267,3 +267,48 @@ async fn a_mixed_fleet_of_namespace_and_per_key_processes_both_make_progress() {
     old.shutdown().await.unwrap();
     new.shutdown().await.unwrap();
 }
+
+/// LOCK_NOTIFY_UNAVAILABLE's rules hold per key: a server that refuses SUBSCRIBE makes the
+/// backend poll for good; a killed subscribe connection is a failure, ridden out by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_or_killed_per_key_subscription_falls_back_to_polling() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    redis.command(&["ACL", "SETUSER", "nosub", "on", ">pw", "~*", "&*", "+@all", "-subscribe"]);
+    let refused_url = redis.url().replace("redis://", "redis://nosub:pw@");
+    let polls = [("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 5_000.0)];
+    let holder = driver(url(redis.url()), "fb", "per-key", &[]);
+    let refused = driver(url(&refused_url), "fb", "per-key", &polls);
+    let killed = driver(url(redis.url()), "fb", "per-key", &polls);
+
+    let held = holder.acquire("a", None, CancellationToken::new()).await.unwrap();
+    let waiting = waiter(&refused, "a");
+    eventually("unsupported", Duration::from_secs(3), || {
+        refused.subscription_state() == SubscriptionState::Unsupported
+    })
+    .await;
+    holder.release(&held).await.unwrap();
+    let lease = waiting.await.unwrap().unwrap(); // by its 20 ms poll
+    refused.release(&lease).await.unwrap();
+
+    let held = holder.acquire("b", None, CancellationToken::new()).await.unwrap();
+    let waiting = waiter(&killed, "b");
+    eventually("the key's subscription", Duration::from_secs(3), || killed.subscribed_keys() == 1)
+        .await;
+    redis.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    eventually("the failure", Duration::from_secs(3), || {
+        matches!(killed.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    // Woken at the failure, it polls every 20 ms instead of sleeping out the 5 s interval.
+    let released_at = Instant::now();
+    holder.release(&held).await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(released_at.elapsed() < Duration::from_secs(2), "{:?}", released_at.elapsed());
+    killed.release(&lease).await.unwrap();
+    for d in [holder, refused, killed] {
+        d.shutdown().await.unwrap();
+    }
+}

@@ -37,7 +37,7 @@ const unknownOption = { driver: 'redis', connection: 'main', namespace: 'svc', r
 const noNamespace = { driver: 'redis', connection: 'main' } satisfies RedisLockBackendInput
 // @ts-expect-error TS2322 leaseMs is a number of milliseconds, not a string
 const stringLease = { driver: 'redis', connection: 'main', namespace: 'svc', leaseMs: '10s' } satisfies RedisLockBackendInput
-// @ts-expect-error TS2322 notifications is one of three names
+// @ts-expect-error TS2820 notifications is one of three names (a typo gets a suggestion)
 const badNotifications = { driver: 'redis', connection: 'main', namespace: 'svc', notifications: 'perkey' } satisfies RedisLockBackendInput
 // @ts-expect-error TS2322 the parsed driver is always 'redis'
 const otherDriver: 'memory' = parseRedisLockBackend({}).driver
