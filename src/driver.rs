@@ -339,7 +339,6 @@ impl Driver {
                 }
                 Attempt::Busy(pttl) => {
                     last_failure = None;
-                    place.line.found_taken();
                     // Really waiting now: listen for releases instead of polling fast.
                     place.mark_waiting();
                     inner.notify.ensure(
@@ -439,8 +438,6 @@ impl Driver {
             if !announced {
                 break;
             }
-            // Someone took the key and gave it back while we gave way: as if found taken.
-            place.line.found_taken();
         }
         Ok(())
     }

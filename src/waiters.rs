@@ -53,13 +53,13 @@ pub struct Line {
     heard_since_acquired: AtomicU32,
     /// A release notification woke the first waiter (not a subscription change).
     notified: AtomicBool,
-    /// How many other processes take turns with this line, as far as it learned: a head
-    /// start served and then the key found free says that many did not come; the key found
-    /// taken says one more did (decision 0070). `u32::MAX`: nothing learned, every other
-    /// listener counts.
+    /// How many other processes take turns with this line, as far as it learned: the most
+    /// other turns it saw between two of its acquisitions, over its last
+    /// [`TURNS_WINDOW`] acquisitions (decision 0070). `u32::MAX`: not learned yet, every
+    /// other listener counts.
     competitors: AtomicU32,
-    /// The steps of the last head start served (0: none).
-    last_owed: AtomicU32,
+    /// The window being observed: (most turns seen, acquisitions counted).
+    window: Mutex<(u32, u32)>,
 }
 
 impl Default for Line {
@@ -72,7 +72,7 @@ impl Default for Line {
             heard_since_acquired: AtomicU32::new(u32::MAX),
             notified: AtomicBool::new(false),
             competitors: AtomicU32::new(u32::MAX),
-            last_owed: AtomicU32::new(0),
+            window: Mutex::new((0, 0)),
         }
     }
 }
@@ -257,6 +257,9 @@ fn stagger_step() -> std::time::Duration {
     std::time::Duration::from_micros(*MICROS)
 }
 
+/// Acquisitions over which a line takes the most other turns it saw as its count.
+const TURNS_WINDOW: u32 = 8;
+
 /// Other processes counted at most, so that one key's hand-offs are not slowed by a large
 /// fleet listening on the namespace for other keys.
 const STAGGER_MAX_OTHERS: u64 = 16;
@@ -272,24 +275,25 @@ impl Line {
 
     pub fn mark_held_here(&self) {
         self.held_here.store(true, Ordering::Release);
-        self.heard_since_acquired.store(0, Ordering::Release);
-        // We gave way to `owed` processes and none came in time: fewer take turns than
-        // counted (in namespace mode the count includes processes waiting on other keys), or
-        // they were late (a loaded machine). Half of them are forgotten, at least one.
-        let owed = self.last_owed.swap(0, Ordering::AcqRel);
-        if owed > 0 {
-            let known = self.competitors.load(Ordering::Acquire);
-            self.competitors.store(known.saturating_sub((owed / 2).max(1)), Ordering::Release);
+        let heard = self.heard_since_acquired.swap(0, Ordering::AcqRel);
+        if heard == u32::MAX {
+            return; // a new line: no turns counted since an acquisition of ours
         }
-    }
-
-    /// The attempt after a head start found the key taken: one more process takes turns
-    /// than this line counted.
-    pub fn found_taken(&self) {
-        if self.last_owed.swap(0, Ordering::AcqRel) > 0 {
-            let _ = self.competitors.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_add(1).min(STAGGER_MAX_OTHERS as u32))
-            });
+        // Other processes' turns since our last acquisition. In namespace mode the listener
+        // count includes processes waiting on other keys, which never take a turn here: the
+        // most turns seen lately is the better count. It rises at once and falls only after
+        // a whole window without that many, so a fast process that happened to win again
+        // soon does not talk itself into competing early (one lucky hand-off is no evidence).
+        let turns = heard.saturating_sub(1);
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        window.0 = window.0.max(turns);
+        window.1 += 1;
+        let known = self.competitors.load(Ordering::Acquire);
+        if window.1 >= TURNS_WINDOW {
+            self.competitors.store(window.0, Ordering::Release);
+            *window = (0, 0);
+        } else if known != u32::MAX && turns > known {
+            self.competitors.store(turns, Ordering::Release);
         }
     }
 
@@ -306,7 +310,6 @@ impl Line {
         let step = stagger_step();
         if !step.is_zero() {
             if !notified || others == 0 {
-                self.last_owed.store(0, Ordering::Release);
                 return None;
             }
             // Releases heard since we held the key, our own release not counted: the
@@ -315,10 +318,8 @@ impl Line {
                 u64::from(self.heard_since_acquired.load(Ordering::Acquire)).saturating_sub(1);
             let counted = u64::from(self.competitors.load(Ordering::Acquire))
                 .min(others)
-                .min(STAGGER_MAX_OTHERS) as u32;
-            self.competitors.store(counted, Ordering::Release);
-            let owed = u64::from(counted).saturating_sub(turns) as u32;
-            self.last_owed.store(owed, Ordering::Release);
+                .min(STAGGER_MAX_OTHERS);
+            let owed = counted.saturating_sub(turns) as u32;
             if owed > 0 {
                 return Some(step * owed);
             }
@@ -497,21 +498,42 @@ mod tests {
         assert_eq!(line.head_start(3), None, "woken again, by a new subscription, not a release");
     }
 
+    /// `line` hears `turns` releases of other processes, then acquires.
+    fn acquires_after(line: &Line, turns: u32) {
+        for _ in 0..turns {
+            line.announced();
+        }
+        line.mark_held_here();
+    }
+
+    /// `line` hears its own release: the head start of its next first waiter.
+    fn own_release(line: &Line, others: u64) -> Option<Duration> {
+        line.announced();
+        line.head_start(others)
+    }
+
     #[test]
-    fn giving_way_to_processes_that_never_come_shortens_later_head_starts() {
+    fn a_line_counts_the_processes_that_really_take_turns_not_every_listener() {
         let step = stagger_step();
-        let line = line_after(1);
-        assert_eq!(woken(&line, 8), Some(step * 8));
-        // Nobody came: we acquired after the whole head start. Half of them are forgotten.
-        line.mark_held_here();
-        line.announced();
-        assert_eq!(woken(&line, 8), Some(step * 4));
-        // This time someone came first (the key was taken): one more is counted again, and
-        // after our next turn we give way to five.
-        line.found_taken();
-        line.mark_held_here();
-        line.announced();
-        assert_eq!(woken(&line, 8), Some(step * 5));
+        let line = line_after(0);
+        // Eight listeners, but only two others take turns between our acquisitions.
+        for _ in 0..TURNS_WINDOW {
+            assert_eq!(own_release(&line, 8), Some(step * 8), "not learned yet: all count");
+            acquires_after(&line, 2);
+        }
+        assert_eq!(own_release(&line, 8), Some(step * 2));
+        // One quick turn of ours proves nothing: the count stays for the window.
+        acquires_after(&line, 0);
+        assert_eq!(own_release(&line, 8), Some(step * 2));
+        // A whole window in which nobody else took a turn: nobody is waited for.
+        for _ in 0..TURNS_WINDOW {
+            acquires_after(&line, 0);
+            line.announced(); // our own release again
+        }
+        assert_eq!(line.head_start(8), None);
+        // More come back: counted at once.
+        acquires_after(&line, 5);
+        assert_eq!(own_release(&line, 8), Some(step * 5));
     }
 
     #[test]
