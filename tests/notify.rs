@@ -421,7 +421,7 @@ async fn processes_waiting_on_other_keys_soon_stop_slowing_hand_offs_inside_one_
     let mut gaps: Vec<_> = times.windows(2).skip(times.len() - 12).map(|w| w[1] - w[0]).collect();
     gaps.sort();
     // Held 2 ms (tokio's timer: 2–3 ms). Giving way to all five every time would add
-    // 5 × 1.5 ms to each hand-off; nobody comes, so the backend learns it within a few.
+    // 5 × 1.5 ms to each hand-off; nobody comes, and the backend learns it within 8 hand-offs.
     assert!(gaps[gaps.len() / 2] < Duration::from_millis(6), "hand-offs at the end: {gaps:?}");
     ours.shutdown().await.unwrap();
     for (d, held) in others {
