@@ -52,7 +52,8 @@ async function makeAdapter(init, window, clientCommands) {
     const { createRedisLockDriver } = require(process.env.DOKEBI_BENCH_PACKAGE ? `${process.env.DOKEBI_BENCH_PACKAGE}/index.js` : '../index.js');
     const driver = createRedisLockDriver(url, {
       driver: 'redis', connection: 'bench', namespace: 'bench', leaseMs, waitTimeoutMs: waitMs,
-      ...(init.notifications ? { notifications: init.notifications } : {}),
+      // A configuration's notifications, or a variant's DOKEBI_BENCH_NOTIFICATIONS.
+      ...((init.notifications ?? process.env.DOKEBI_BENCH_NOTIFICATIONS) ? { notifications: init.notifications ?? process.env.DOKEBI_BENCH_NOTIFICATIONS } : {}),
     });
     return {
       // driver.stats() (not part of the LockDriver contract): Redis attempts and
