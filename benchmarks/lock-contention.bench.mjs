@@ -1,6 +1,7 @@
 // Contention benchmark of @dokebi/lock-redis against redlock and redis-semaphore.
 //
-//   node benchmarks/lock-contention.bench.mjs [--seconds N] [--reps N] [--only a,b] [--hold atomics|timer] [--out DIR]
+//   node benchmarks/lock-contention.bench.mjs [--seconds N] [--reps N] [--shapes 4x8,16x4] [--only a,b]
+//     [--variants 'name:ENV=V,...;...'] [--tag NAME] [--hold atomics|timer] [--out DIR]
 //     [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]
 // --resume goes on from benchmarks/results/lock-contention.partial.json (written after every
 // accepted run, removed at the end) when it was made with the same settings and addon.
@@ -8,16 +9,19 @@
 // processes use under half of --max-other-cpu of it, and a run during which they used more
 // than --max-other-cpu is discarded (recorded under `discardedRuns`) and repeated.
 //
-// For each configuration: 4 processes × 8 concurrent waiters contend for ONE key on ONE
-// throwaway redis-server (never the machine's Redis); each waiter loops acquire → hold 2 ms
-// → release for --seconds of wall time after a start barrier. Repeated --reps times
-// (configurations interleaved within each repetition), medians per metric. Writes
-// benchmarks/results/<date>-lock-contention-before.json (dokebi-before),
-// -after.json (dokebi-after plus every peer under `peers`) and -lock-contention.md, prints
-// the table and PASS/FAIL per part of issue 12's target 6 (utilization, hand-off to a
-// different waiter, fairness, Redis requests per acquisition, wait p99), judged on
-// dokebi-after against redlock-default and semaphore-default. See the worker for the hold
-// and the clock. Needs a release build (npm run build) and the dev dependencies.
+// For each shape P×W (default 4 × 8 and 16 × 4: processes × concurrent waiters each) and
+// each configuration, the processes contend for ONE key on ONE throwaway redis-server (never
+// the machine's Redis); each waiter loops acquire → hold 2 ms → release for --seconds of
+// wall time after a start barrier. Repeated --reps times (shapes and configurations
+// interleaved within each repetition), medians per metric. `--variants` adds dokebi
+// configurations with environment variables, for A/B in the same run. By default the
+// configurations are dokebi-after, redlock-default, redlock-retry10 and semaphore-default
+// (`--only` picks any, dokebi-before and semaphore-retry1 included). Writes
+// benchmarks/results/<date>-lock-contention[-tag].json and .md, prints the tables and
+// PASS/FAIL per part of issue 17's contention targets, judged on dokebi-after (and each
+// variant) against the best peer with its defaults and, separately, against every peer run.
+// See the worker for the hold and the clock. Needs a release build (npm run build) and the
+// dev dependencies.
 
 import { fork } from 'node:child_process';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -28,7 +32,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, parseOptions, processBusy, root, round,
-  runMain, targetsSection, verdictLine,
+  runMain,
 } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
@@ -46,10 +50,13 @@ function parseArgs(argv) {
     retries: { type: 'string', default: '5' },
     'quiet-wait': { type: 'string', default: '180' },
     resume: { type: 'boolean' },
+    shapes: { type: 'string', default: '4x8,16x4' },
+    variants: { type: 'string' },
+    tag: { type: 'string' },
     help: { type: 'boolean', short: 'h' },
   }, {
     help() {
-      console.log('node benchmarks/lock-contention.bench.mjs [--seconds N=10] [--reps N=3] [--only name,name] [--hold atomics|timer] [--out DIR=benchmarks/results] [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]');
+      console.log('node benchmarks/lock-contention.bench.mjs [--seconds N=10] [--reps N=3] [--only name,name] [--shapes 4x8,16x4] [--variants \'name:ENV=V,...;...\'] [--tag NAME] [--hold atomics|timer] [--out DIR=benchmarks/results] [--max-other-cpu 0.15] [--retries 5] [--quiet-wait 180] [--resume]');
       process.exit(0);
     },
   });
@@ -64,14 +71,26 @@ function parseArgs(argv) {
     quietWaitMs: Number(v['quiet-wait']) * 1000,
   };
   if (v.resume) opts.resume = true;
+  // processes × waiters per process, all on one key.
+  opts.shapes = v.shapes.split(',').map((x) => x.trim()).filter(Boolean).map((name) => {
+    const [processes, waiters] = name.split('x').map(Number);
+    if (!(Number.isInteger(processes) && processes >= 2 && Number.isInteger(waiters) && waiters >= 1)) throw new Error(`--shapes: ${name} is not <processes>x<waiters>`);
+    return { name, processes, waiters };
+  });
+  // A/B in one run: extra dokebi configurations `dokebi-<name>` with environment variables,
+  // e.g. --variants 'hs0:DOKEBI_LOCK_REDIS_HEAD_START_US=0;hs600:DOKEBI_LOCK_REDIS_HEAD_START_US=600'.
+  opts.variants = (v.variants ?? '').split(';').map((x) => x.trim()).filter(Boolean).map((spec) => {
+    const [name, vars = ''] = spec.split(':');
+    const env = Object.fromEntries(vars.split(',').filter(Boolean).map((kv) => kv.split('=')));
+    return { name: `dokebi-${name}`, library: 'dokebi', env, inner: DOKEBI_INNER, note: `this driver with ${vars || 'no changes'} (A/B variant)` };
+  });
+  opts.tag = v.tag;
   if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
   if (!['atomics', 'timer'].includes(opts.hold)) throw new Error('--hold must be atomics or timer');
   return opts;
 }
 
-const PROCESSES = 4;
-const WAITERS = 8;
 const HOLD_MS = 2;
 const LEASE_MS = 10_000;
 const WAIT_MS = 30_000;
@@ -84,6 +103,8 @@ const DOKEBI_INNER = ['set', 'pttl', 'exists', 'time', 'incr', 'get', 'del', 'pu
 const CONFIGS = [
   { name: 'dokebi-after', library: 'dokebi', env: {}, inner: DOKEBI_INNER,
     note: 'this driver, release notifications on (defaults: notifyPollIntervalMs 250)' },
+  { name: 'dokebi-perkey', library: 'dokebi', env: {}, notifications: 'per-key', inner: DOKEBI_INNER,
+    note: 'this driver with notifications: \'per-key\' (a channel per key; the listener count is per key)' },
   { name: 'dokebi-before', library: 'dokebi', env: { DOKEBI_LOCK_REDIS_NOTIFICATIONS: '0' }, inner: DOKEBI_INNER,
     note: 'this driver, DOKEBI_LOCK_REDIS_NOTIFICATIONS=0: polling only (pollIntervalMs 25)' },
   { name: 'redlock-default', library: 'redlock', peer: {}, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
@@ -136,15 +157,15 @@ function nextMessage(child, type, timeoutMs) {
   });
 }
 
-async function runOne(server, cfg, rep, opts) {
+async function runOne(server, cfg, rep, opts, shape) {
   await server.command('FLUSHALL');
-  const key = `contention:${cfg.name}:${rep}`;
+  const key = `contention:${shape.name}:${cfg.name}:${rep}`;
   const env = { ...process.env, ...cfg.env };
   if (!cfg.env?.DOKEBI_LOCK_REDIS_NOTIFICATIONS) delete env.DOKEBI_LOCK_REDIS_NOTIFICATIONS;
   delete env.REDIS_URL;
 
   const procs = [];
-  for (let p = 0; p < PROCESSES; p++) {
+  for (let p = 0; p < shape.processes; p++) {
     const child = fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
     children.add(child);
     procs.push(child);
@@ -153,8 +174,8 @@ async function runOne(server, cfg, rep, opts) {
   try {
     const ready = procs.map((c) => nextMessage(c, 'ready', 30_000));
     procs.forEach((c, proc) => c.send({
-      type: 'init', library: cfg.library, peer: cfg.peer ?? {}, url: server.url, key, proc,
-      waiters: WAITERS, holdMs: HOLD_MS, holdMode: opts.hold, leaseMs: LEASE_MS, waitMs: WAIT_MS,
+      type: 'init', library: cfg.library, peer: cfg.peer ?? {}, notifications: cfg.notifications, url: server.url, key, proc,
+      waiters: shape.waiters, holdMs: HOLD_MS, holdMode: opts.hold, leaseMs: LEASE_MS, waitMs: WAIT_MS,
     }));
     await Promise.all(ready);
 
@@ -185,7 +206,7 @@ async function runOne(server, cfg, rep, opts) {
     };
     const outs = await Promise.all(results);
     await Promise.race([Promise.all(exited), sleep(5000)]);
-    return summarize(cfg, { startAt, endAt, sampledAt, before, after, outs, numsub: Number(numsub[1]), connected: Number(connected), cpu });
+    return summarize(cfg, shape, { startAt, endAt, sampledAt, before, after, outs, numsub: Number(numsub[1]), connected: Number(connected), cpu });
   } finally {
     for (const c of procs) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
   }
@@ -193,7 +214,7 @@ async function runOne(server, cfg, rep, opts) {
 
 // ----------------------------------------------------------------- metrics ----
 
-function summarize(cfg, run) {
+function summarize(cfg, shape, run) {
   const { startAt, endAt, outs } = run;
   const windowMs = endAt - startAt;
   const all = [];
@@ -204,7 +225,7 @@ function summarize(cfg, run) {
   let pendingOldest = null;
   for (const out of outs) {
     let n = 0;
-    const waiterCounts = new Array(WAITERS).fill(0);
+    const waiterCounts = new Array(shape.waiters).fill(0);
     for (const [w, t0, t1, t2, t3] of out.records) {
       all.push({ proc: out.proc, w, t0, t1, t2, t3 });
       if (t1 >= startAt && t1 < endAt) { n++; waiterCounts[w]++; }
@@ -386,6 +407,7 @@ function medians(reps) {
   // "Nobody starved" must hold in every repetition, not in the median one.
   out.starvedWaitersWorstRep = Math.max(...reps.map((m) => m.starvedWaiters));
   out.failuresTotal = reps.reduce((s, m) => s + m.failureCount, 0);
+  out.fairnessReps = reps.map((m) => m.fairness);
   return out;
 }
 
@@ -398,35 +420,48 @@ function table(rows) {
   return [head, sep, ...lines].join('\n');
 }
 
-// Issue 12's target 6, judged on dokebi-after from the medians. The peers the verdicts
-// compare with are redlock and redis-semaphore with their defaults (the issue's wording);
-// the tuned variants are listed in each detail but do not decide it.
-const VERDICT_PEERS = ['redlock-default', 'semaphore-default'];
+// Issue 17's contention targets, judged per shape on `dokebi-after` (or the configuration
+// given) from the medians of one run. "Best peer" is judged twice: among the peers with
+// their defaults (redlock-default, semaphore-default: issue 12's reading), and among every
+// peer run, tuned ones included.
+const DEFAULT_PEERS = ['redlock-default', 'semaphore-default'];
 
-function targets(byName) {
-  const after = byName['dokebi-after'];
+function targets(byName, shape, subject = 'dokebi-after') {
+  const after = byName[subject];
   if (!after) return [];
-  const peers = VERDICT_PEERS.filter((n) => byName[n]).map((n) => [n, byName[n]]);
-  const all = Object.entries(byName).filter(([n]) => !n.startsWith('dokebi-'));
+  const allPeers = Object.entries(byName).filter(([n]) => !n.startsWith('dokebi-'));
+  const defaults = allPeers.filter(([n]) => DEFAULT_PEERS.includes(n));
   const out = [];
-  const add = (target, pass, detail) => out.push({ target, result: pass === null ? 'N/A' : pass ? 'PASS' : 'FAIL', detail });
-  const listed = (metric, d, unit) => all.map(([n, m]) => `${n}${VERDICT_PEERS.includes(n) ? '' : ' (tuned, not judged)'} ${fmt(m[metric], d)}${unit}`).join(', ') || 'no peers run';
-  const noPeer = `no default peer run (${VERDICT_PEERS.join(', ')})`;
+  const listed = (metric, d, unit) => allPeers.map(([n, m]) => `${n} ${fmt(m[metric], d)}${unit}`).join(', ') || 'no peers run';
+  // best: the peer with the best value of `metric` among `peers` (lower or higher is better).
+  const best = (peers, metric, lower) => peers.filter(([, m]) => m[metric] !== null)
+    .sort((x, y) => (lower ? x[1][metric] - y[1][metric] : y[1][metric] - x[1][metric]))[0];
+  const judged = (metric, lower, pass, d, unit) => {
+    const verdict = (peers) => {
+      const b = best(peers, metric, lower);
+      if (!b || after[metric] === null) return { result: 'N/A', text: 'no peer' };
+      return { result: pass(after[metric], b[1][metric]) ? 'PASS' : 'FAIL', text: `${b[0]} ${fmt(b[1][metric], d)}${unit}, ratio ${fmt(after[metric] / b[1][metric], 3)}` };
+    };
+    const vd = verdict(defaults);
+    const va = verdict(allPeers);
+    return { result: vd.result, resultWithTuned: va.result, detail: `${fmt(after[metric], d)}${unit}; best default peer ${vd.text}; best of all peers ${va.text} (${va.result}); ${listed(metric, d, unit)}` };
+  };
+  const add = (target, v) => out.push({ target: `${shape.name}: ${target}`, ...v });
 
-  add('6a. utilization >= 0.90', after.utilization >= 0.9,
-    `${fmt(after.utilization, 3)}; ${listed('utilization', 3, '')}`);
-  add('6b. hand-off to a different waiter: gap p50 below every peer\'s',
-    peers.length && after.otherWaiterGapP50 !== null ? peers.every(([, m]) => m.otherWaiterGapP50 !== null && after.otherWaiterGapP50 < m.otherWaiterGapP50) : null,
-    `${fmt(after.otherWaiterGapP50, 3)} ms vs ${listed('otherWaiterGapP50', 3, ' ms')}${peers.length ? '' : `; ${noPeer}`}. To a different process (reported): ${fmt(after.otherProcessGapP50, 3)} ms vs ${listed('otherProcessGapP50', 3, ' ms')}`);
-  add('6c. fairness: per-process max/min <= 1.3 and nobody starved (every waiter acquired, every rep)',
-    after.fairness !== null && after.fairness <= 1.3 && after.starvedWaitersWorstRep === 0,
-    `max/min ${fmt(after.fairness, 3)}, starved ${after.starvedWaitersWorstRep} (worst rep), per-waiter min ${fmt(after.perWaiterMin, 0)}; ${listed('fairness', 2, '')}`);
-  const cap = PROCESSES + 1;
-  add(`6d. Redis requests per acquisition <= processes + 1 (${cap})`, after.clientCmdsPerAcq !== null && after.clientCmdsPerAcq <= cap,
-    `${fmt(after.clientCmdsPerAcq, 3)} requests sent to Redis per acquisition (commands run inside Lua not counted; with them ${fmt(after.serverCmdsPerAcq, 2)}); ${listed('clientCmdsPerAcq', 2, '')}`);
-  const bestWait = [...peers].filter(([, m]) => m.waitP99 !== null).sort((x, y) => x[1].waitP99 - y[1].waitP99)[0];
-  add('6e. wait p99 <= 0.25x the best peer\'s', bestWait && after.waitP99 !== null ? after.waitP99 <= 0.25 * bestWait[1].waitP99 : null,
-    bestWait ? `${fmt(after.waitP99, 1)} ms vs best peer ${bestWait[0]} ${fmt(bestWait[1].waitP99, 1)} ms: ${fmt(after.waitP99 / bestWait[1].waitP99, 3)}x (needs <= 0.25x); ${listed('waitP99', 1, ' ms')}` : `${fmt(after.waitP99, 1)} ms; ${noPeer}`);
+  const fair = after.fairness !== null && after.fairness <= 1.3 && after.starvedWaitersWorstRep === 0 ? 'PASS' : 'FAIL';
+  add('fairness: per-process max/min <= 1.3 and nobody starved (every waiter acquired, every rep)', {
+    result: fair, resultWithTuned: fair,
+    detail: `max/min ${fmt(after.fairness, 3)} (reps ${after.fairnessReps.map((x) => fmt(x, 2)).join(', ')}), starved ${after.starvedWaitersWorstRep} (worst rep), per-waiter min ${fmt(after.perWaiterMin, 0)}; ${listed('fairness', 2, '')}`,
+  });
+  add('wait p99 <= 0.25x the best peer\'s', judged('waitP99', true, (a, b) => a <= 0.25 * b, 1, ' ms'));
+  add('hand-off to a waiter in another process p50 <= the best peer\'s', judged('otherProcessGapP50', true, (a, b) => a <= b, 3, ' ms'));
+  add('utilization >= 0.95x the best peer\'s', judged('utilization', false, (a, b) => a >= 0.95 * b, 3, ''));
+  const cap = shape.processes + 1;
+  const req = after.clientCmdsPerAcq !== null && after.clientCmdsPerAcq <= cap ? 'PASS' : 'FAIL';
+  add(`Redis requests per acquisition <= processes + 1 (${cap})`, {
+    result: req, resultWithTuned: req,
+    detail: `${fmt(after.clientCmdsPerAcq, 3)} requests sent per acquisition (attempts ${fmt(after.attemptsPerAcq, 2)}; with the commands inside Lua ${fmt(after.serverCmdsPerAcq, 2)}); ${listed('clientCmdsPerAcq', 2, '')}`,
+  });
   return out;
 }
 
@@ -434,10 +469,11 @@ function targets(byName) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  const configs = opts.only ? CONFIGS.filter((c) => opts.only.includes(c.name)) : CONFIGS;
+  const known = [...CONFIGS, ...opts.variants];
+  const configs = opts.only ? known.filter((c) => opts.only.includes(c.name)) : [...CONFIGS.filter((c) => c.name !== 'semaphore-retry1' && c.name !== 'dokebi-before'), ...opts.variants];
   if (opts.only) {
-    const unknown = opts.only.filter((n) => !CONFIGS.some((c) => c.name === n));
-    if (unknown.length) throw new Error(`unknown configuration(s): ${unknown.join(', ')}; known: ${CONFIGS.map((c) => c.name).join(', ')}`);
+    const unknown = opts.only.filter((n) => !known.some((c) => c.name === n));
+    if (unknown.length) throw new Error(`unknown configuration(s): ${unknown.join(', ')}; known: ${known.map((c) => c.name).join(', ')}`);
   }
   // The harness wraps REDIS_URL when set; this benchmark always wants its own server.
   delete process.env.REDIS_URL;
@@ -459,14 +495,16 @@ async function main() {
       save: (await server.command('CONFIG', 'GET', 'save'))[1],
       appendonly: (await server.command('CONFIG', 'GET', 'appendonly'))[1],
     };
-    const raw = Object.fromEntries(configs.map((c) => [c.name, []]));
+    const id = (shape, cfg) => `${shape.name}/${cfg.name}`;
+    const raw = {};
+    for (const shape of opts.shapes) for (const c of configs) raw[id(shape, c)] = [];
     let discarded = [];
     // Every accepted run is saved at once, so a run that is interrupted (the machine may be
     // shared) can go on with --resume instead of starting over.
     const resultsDir = opts.out ?? path.join(here, 'results');
     mkdirSync(resultsDir, { recursive: true });
     const partialFile = path.join(resultsDir, 'lock-contention.partial.json');
-    const settings = { seconds: opts.seconds, hold: opts.hold, configs: configs.map((c) => c.name), addon: addonAtStart.sha256 };
+    const settings = { seconds: opts.seconds, hold: opts.hold, shapes: opts.shapes.map((x) => x.name), configs: configs.map((c) => [c.name, c.env ?? {}]), addon: addonAtStart.sha256 };
     if (opts.resume) {
       try {
         const saved = JSON.parse(readFileSync(partialFile, 'utf8'));
@@ -479,39 +517,52 @@ async function main() {
         console.error(`--resume: nothing to resume (${err.message})`);
       }
     }
+    // Shapes and configurations interleaved within each repetition, so a noisy spell of the
+    // shared machine spreads over all of them.
     for (let rep = 1; rep <= opts.reps; rep++) {
-      for (const cfg of configs) {
-        if (raw[cfg.name].length >= rep) continue;
-        const t = Date.now();
-        let m;
-        // The machine may be shared: wait for quiet; a run during which other processes used
-        // more than --max-other-cpu of it is discarded (and recorded) and run again.
-        for (let attempt = 1; ; attempt++) {
-          if (!(await waitForQuiet([process.pid, server.pid], opts.maxOtherCpu / 2, opts.quietWaitMs))) {
-            console.error(`rep ${rep}/${opts.reps} ${cfg.name}: the machine did not get quiet within ${opts.quietWaitMs / 1000} s; running anyway`);
+      for (const shape of opts.shapes) {
+        for (const cfg of configs) {
+          if (raw[id(shape, cfg)].length >= rep) continue;
+          const t = Date.now();
+          let m;
+          // The machine may be shared: wait for quiet; a run during which other processes used
+          // more than --max-other-cpu of it is discarded (and recorded) and run again.
+          for (let attempt = 1; ; attempt++) {
+            if (!(await waitForQuiet([process.pid, server.pid], opts.maxOtherCpu / 2, opts.quietWaitMs))) {
+              console.error(`rep ${rep}/${opts.reps} ${id(shape, cfg)}: the machine did not get quiet within ${opts.quietWaitMs / 1000} s; running anyway`);
+            }
+            m = await runOne(server, cfg, rep, opts, shape);
+            if (m.cpu.otherCpuShare <= opts.maxOtherCpu) break;
+            if (attempt > opts.retries) { m.contaminated = true; break; }
+            console.error(`rep ${rep}/${opts.reps} ${id(shape, cfg)}: discarded, other processes used ${m.cpu.otherCpuShare} of the machine; again when quiet`);
+            discarded.push({ rep, shape: shape.name, configuration: cfg.name, attempt, cpu: m.cpu, acquisitionsPerSec: m.acquisitionsPerSec, gapP50: m.handoffGapMs.p50, fairness: m.fairness });
           }
-          m = await runOne(server, cfg, rep, opts);
-          if (m.cpu.otherCpuShare <= opts.maxOtherCpu) break;
-          if (attempt > opts.retries) { m.contaminated = true; break; }
-          console.error(`rep ${rep}/${opts.reps} ${cfg.name}: discarded, other processes used ${m.cpu.otherCpuShare} of the machine; again when quiet`);
-          discarded.push({ rep, configuration: cfg.name, attempt, cpu: m.cpu, acquisitionsPerSec: m.acquisitionsPerSec, gapP50: m.handoffGapMs.p50, fairness: m.fairness });
+          raw[id(shape, cfg)].push(m);
+          writeFileSync(partialFile, JSON.stringify({ settings, raw, discarded }, (k, v) => (v === Infinity ? 1e308 : v)));
+          console.error(`rep ${rep}/${opts.reps} ${id(shape, cfg).padEnd(22)} ${String(m.acquisitionsPerSec).padStart(7)} acq/s  util ${m.utilization}  gap→proc p50 ${m.handoffGapToOtherProcessMs.p50} ms  wait p99 ${m.waitMs.p99}  client cmds/acq ${m.redis.clientCommandsPerAcquisition}  fairness ${m.fairness} ${JSON.stringify(m.perProcess)}  same-proc ${m.sameProcessHandoffs}  starved ${m.starvedWaiters}  failures ${m.failureCount}  cpu ours ${m.cpu.ourCpuShare} other ${m.cpu.otherCpuShare}  (${((Date.now() - t) / 1000).toFixed(1)} s)`);
         }
-        raw[cfg.name].push(m);
-        writeFileSync(partialFile, JSON.stringify({ settings, raw, discarded }, (k, v) => (v === Infinity ? 1e308 : v)));
-        console.error(`rep ${rep}/${opts.reps} ${cfg.name.padEnd(17)} ${String(m.acquisitionsPerSec).padStart(7)} acq/s  util ${m.utilization}  gap p50 ${m.handoffGapMs.p50} ms  client cmds/acq ${m.redis.clientCommandsPerAcquisition}  fairness ${m.fairness}  starved ${m.starvedWaiters}  failures ${m.failureCount}  cpu ours ${m.cpu.ourCpuShare} other ${m.cpu.otherCpuShare}  (${((Date.now() - t) / 1000).toFixed(1)} s)`);
       }
     }
     const addonAtEnd = addonInfo();
     const addonChanged = addonAtEnd.sha256 !== addonAtStart.sha256;
     if (addonChanged) console.error(`WARNING: ${addonAtStart.file} changed during the run (${addonAtStart.sha256} → ${addonAtEnd.sha256}); the dokebi numbers may mix two builds`);
-    const byName = Object.fromEntries(configs.map((c) => [c.name, medians(raw[c.name])]));
-    const rows = configs.map((c) => ({ name: c.name, med: byName[c.name] }));
-    const verdicts = targets(byName);
+    const perShape = opts.shapes.map((shape) => {
+      const byName = Object.fromEntries(configs.map((c) => [c.name, medians(raw[id(shape, c)])]));
+      const subjects = configs.filter((c) => c.library === 'dokebi' && c.name !== 'dokebi-before').map((c) => c.name);
+      return {
+        shape, byName,
+        rows: configs.map((c) => ({ name: c.name, med: byName[c.name] })),
+        verdicts: targets(byName, shape),
+        // Every dokebi variant judged the same way, for the A/B.
+        variantVerdicts: Object.fromEntries(subjects.filter((n) => n !== 'dokebi-after').map((n) => [n, targets(byName, shape, n)])),
+      };
+    });
 
     const meta = {
       benchmark: 'lock-contention',
       date,
       startedAt: startedAt.toISOString(),
+      finishedAt: new Date().toISOString(),
       command: commandLine,
       machine: {
         cpu: os.cpus()[0]?.model, cpus: os.cpus().length, totalMemoryBytes: os.totalmem(),
@@ -529,12 +580,13 @@ async function main() {
         ioredis: pkgVersion('ioredis'), redlock: pkgVersion('redlock'), 'redis-semaphore': pkgVersion('redis-semaphore'),
       },
       setup: {
-        processes: PROCESSES, waitersPerProcess: WAITERS, keys: 1, holdMs: HOLD_MS, hold: opts.hold === 'atomics'
+        shapes: opts.shapes, keys: 1, holdMs: HOLD_MS, hold: opts.hold === 'atomics'
           ? 'Atomics.wait on a SharedArrayBuffer for 2 ms (precise; blocks the holder process\'s JS thread)'
           : 'await setTimeout(2) (2 to 3+ ms)',
         leaseMs: LEASE_MS, waitMs: WAIT_MS, seconds: opts.seconds, reps: opts.reps,
         maxOtherCpu: opts.maxOtherCpu, retries: opts.retries, quietWaitSeconds: opts.quietWaitMs / 1000,
         clock: 'performance.timeOrigin + performance.now() in every process',
+        configurations: Object.fromEntries(configs.map((c) => [c.name, { note: c.note, env: c.env ?? {}, peer: c.peer ?? null }])),
         definitions: {
           utilization: 'sum of holds (acquire resolved → release called) clipped to the window / window',
           handoffGap: 'next acquire resolved − previous release called, all processes merged by time',
@@ -550,51 +602,47 @@ async function main() {
         },
       },
     };
-    const section = (c) => ({ configuration: c.name, note: c.note, medians: byName[c.name], repetitions: raw[c.name] });
     const json = (x) => JSON.stringify(x, (k, v) => (v === Infinity ? 'Infinity' : v), 2) + '\n';
-    const written = [];
-    const beforeCfg = configs.find((c) => c.name === 'dokebi-before');
-    if (beforeCfg) {
-      const f = path.join(resultsDir, `${date}-lock-contention-before.json`);
-      writeFileSync(f, json({ ...meta, ...section(beforeCfg) }));
-      written.push(f);
-    }
-    const afterCfg = configs.find((c) => c.name === 'dokebi-after');
-    if (afterCfg) {
-      const f = path.join(resultsDir, `${date}-lock-contention-after.json`);
-      const peers = Object.fromEntries(configs.filter((c) => !c.name.startsWith('dokebi-')).map((c) => [c.name, section(c)]));
-      writeFileSync(f, json({ ...meta, ...section(afterCfg), peers, targets: verdicts }));
-      written.push(f);
-    }
-
+    const base = path.join(resultsDir, `${date}-lock-contention${opts.tag ? `-${opts.tag}` : ''}`);
+    writeFileSync(`${base}.json`, json({
+      ...meta,
+      shapes: Object.fromEntries(perShape.map(({ shape, byName, verdicts, variantVerdicts }) => [shape.name, {
+        processes: shape.processes, waitersPerProcess: shape.waiters,
+        configurations: Object.fromEntries(configs.map((c) => [c.name, { note: c.note, medians: byName[c.name], repetitions: raw[id(shape, c)] }])),
+        targets: verdicts, variantTargets: variantVerdicts,
+      }])),
+    }));
+    const verdictRows = (vs) => ['| target | result (default peers) | with tuned peers | measured |', '|---|---|---|---|', ...vs.map((v) => `| ${v.target} | ${v.result} | ${v.resultWithTuned} | ${v.detail} |`)];
     const md = [
       `# Lock contention, ${date}`,
       '',
-      `\`${commandLine}\` — ${PROCESSES} processes × ${WAITERS} waiters, one key, hold ${HOLD_MS} ms (${opts.hold}), leaseMs ${LEASE_MS}, ${opts.seconds} s × ${opts.reps} reps, medians.`,
+      `\`${commandLine}\` — ${opts.shapes.map((x) => `${x.processes} processes × ${x.waiters} waiters`).join(' and ')}, one key, hold ${HOLD_MS} ms (${opts.hold}), leaseMs ${LEASE_MS}, ${opts.seconds} s × ${opts.reps} reps (shapes and configurations interleaved), medians.`,
       `Machine: ${meta.machine.cpu} × ${meta.machine.cpus}, ${(meta.machine.totalMemoryBytes / 2 ** 30).toFixed(0)} GiB, ${os.type()} ${os.release()}; Node ${process.version}; redis-server ${serverInfo.redis_version}; ` +
         Object.entries(meta.packages).map(([k, v]) => `${k} ${v}`).join(', ') + '.',
       `Addon: ${addonAtStart.build} build, sha256 ${addonAtStart.sha256}…, git ${git.head?.slice(0, 7)}${git.dirty?.length ? ` + uncommitted changes in ${git.dirty.map((l) => l.slice(3)).join(', ')}` : ''}${addonChanged ? ' — CHANGED DURING THE RUN' : ''}.`,
       '',
-      table(rows),
-      '',
-      `CPU during the runs, share of all ${os.cpus().length} cores (median): ` + rows.map(({ name, med }) => `${name} ours ${fmt(med.ourCpuShare)} / other processes ${fmt(med.otherCpuShare)}`).join('; ') + '.',
-      '',
-      'Client commands = requests sent to Redis (EVALSHA, SET, SUBSCRIBE, ...); server commands also count each redis.call inside a Lua script (Redis 7.0 total_commands_processed). Hand-off gap = next acquire resolved − previous release called, across processes; "to another waiter" keeps only hand-offs whose next holder is not the previous holder (a waiter re-acquiring after its own release hands nothing off), "to another process" only those whose next holder is in another process. The targets compare with redlock-default and semaphore-default (issue 12: the peers with their defaults); the tuned variants are reported.',
+      ...perShape.flatMap(({ shape, rows, verdicts, variantVerdicts }) => [
+        `## ${shape.processes} processes × ${shape.waiters} waiters`, '',
+        table(rows), '',
+        `CPU during the runs, share of all ${os.cpus().length} cores (median): ` + rows.map(({ name, med }) => `${name} ours ${fmt(med.ourCpuShare)} / other processes ${fmt(med.otherCpuShare)}`).join('; ') + '.',
+        '',
+        ...verdictRows(verdicts), '',
+        ...Object.entries(variantVerdicts).flatMap(([n, vs]) => [`${n}, judged the same way:`, '', ...verdictRows(vs), '']),
+      ]),
+      'Client commands = requests sent to Redis (EVALSHA, SET, SUBSCRIBE, ...); server commands also count each redis.call inside a Lua script (Redis 7.0 total_commands_processed). Hand-off gap = next acquire resolved − previous release called, across processes; "to another waiter" keeps only hand-offs whose next holder is not the previous holder, "to another process" only those whose next holder is in another process.',
       '',
       ...configs.map((c) => `- ${c.name}: ${c.note}`),
       '',
-      ...targetsSection(verdicts),
     ].join('\n');
-    const mdFile = path.join(resultsDir, `${date}-lock-contention.md`);
-    writeFileSync(mdFile, md);
-    written.push(mdFile);
+    writeFileSync(`${base}.md`, md);
 
     rmSync(partialFile, { force: true });
-    console.log(table(rows));
-    console.log('');
-    for (const v of verdicts) console.log(verdictLine(v));
-    console.log('');
-    for (const f of written) console.log(`wrote ${path.relative(process.cwd(), f)}`);
+    for (const { shape, rows, verdicts } of perShape) {
+      console.log(`\n${shape.name}`);
+      console.log(table(rows));
+      for (const v of verdicts) console.log(`${v.result.padEnd(4)} (${v.resultWithTuned} with tuned)  ${v.target}: ${v.detail}`);
+    }
+    console.log(`\nwrote ${path.relative(process.cwd(), base)}.{json,md}`);
   } finally {
     await server.stop();
   }

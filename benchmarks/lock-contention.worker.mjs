@@ -48,9 +48,12 @@ function countCommands(client, window, counts) {
 async function makeAdapter(init, window, clientCommands) {
   const { library, url, leaseMs, waitMs } = init;
   if (library === 'dokebi') {
-    const { createRedisLockDriver } = require('../index.js');
+    // DOKEBI_BENCH_PACKAGE (a variant's environment): another build, for A/B in one run.
+    const { createRedisLockDriver } = require(process.env.DOKEBI_BENCH_PACKAGE ? `${process.env.DOKEBI_BENCH_PACKAGE}/index.js` : '../index.js');
     const driver = createRedisLockDriver(url, {
       driver: 'redis', connection: 'bench', namespace: 'bench', leaseMs, waitTimeoutMs: waitMs,
+      // A configuration's notifications, or a variant's DOKEBI_BENCH_NOTIFICATIONS.
+      ...((init.notifications ?? process.env.DOKEBI_BENCH_NOTIFICATIONS) ? { notifications: init.notifications ?? process.env.DOKEBI_BENCH_NOTIFICATIONS } : {}),
     });
     return {
       // driver.stats() (not part of the LockDriver contract): Redis attempts and

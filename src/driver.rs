@@ -419,11 +419,27 @@ impl Driver {
     /// their first waiters try first, or this process, whose runtime is already awake,
     /// would win most hand-offs (decision 0010). Counted from our own wake: the other
     /// processes hear the same notification at about the same moment.
+    ///
+    /// A release announced during a staggered head start (decision 0070) means someone took
+    /// the key and gave it back meanwhile: the head start is sized again, shorter, instead
+    /// of trying for a key that was surely taken. A long head start is thus often never
+    /// served, which spares Redis the attempt.
     async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
-        match place.line.head_start() {
-            Some(head_start) => self.unless_stopped(cancel, precise_sleep(head_start)).await,
-            None => Ok(()),
+        while let Some(head_start) = place.line.head_start(self.inner.lines.others_listening()) {
+            let announced = self
+                .unless_stopped(cancel, async {
+                    tokio::select! {
+                        biased;
+                        _ = place.line.wake.notified() => true,
+                        _ = precise_sleep(head_start) => false,
+                    }
+                })
+                .await?;
+            if !announced {
+                break;
+            }
         }
+        Ok(())
     }
 
     /// How long a waiter of `hash` sleeps without other news: notifyPollIntervalMs while a
@@ -485,7 +501,7 @@ impl Driver {
                 if let Ok(ReleaseReply::Deleted { listeners }) = released {
                     // Our own subscription is one of the listeners while it is live.
                     let ours = u64::from(tracked.inner.notify.is_live_for(&lease.keys.hash));
-                    tracked.inner.lines.heard_release(listeners > ours);
+                    tracked.inner.lines.heard_release(listeners.saturating_sub(ours));
                 }
                 released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
             }));

@@ -362,7 +362,7 @@ impl KeySubscriptions {
             }
         }
         for hash in batch {
-            lines.wake(hash);
+            lines.check_again(hash);
         }
     }
 
