@@ -117,7 +117,7 @@ impl Driver {
         token: &str,
     ) -> Result<ReleaseReply, LockError> {
         let call = ScriptCall {
-            script: &scripts::RELEASE,
+            script: scripts::release(),
             keys: vec![keys.lock.clone()],
             args: vec![token.to_owned(), self.inner.channel.clone(), keys.hash.to_string()],
         };

@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod keys;
 pub mod lease;
+pub mod mutants;
 pub mod notify;
 pub mod options;
 pub mod replicas;

@@ -4,6 +4,8 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
+use crate::mutants::{self, Mutant};
+
 /// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
 pub struct LuaScript {
     pub name: &'static str,
@@ -25,6 +27,35 @@ pub static ACQUIRE: LazyLock<LuaScript> =
 pub static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
 pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+
+/// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
+/// (only in a `chaos-mutants` build, see [`crate::mutants`]).
+pub fn acquire() -> &'static LuaScript {
+    static COUNTER_RESTARTS: LazyLock<LuaScript> = LazyLock::new(|| {
+        let source = mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
+        LuaScript::new("acquire", Box::leak(source.into_boxed_str()))
+    });
+    match mutants::active() {
+        Some(Mutant::CounterRestarts) => &COUNTER_RESTARTS,
+        _ => &ACQUIRE,
+    }
+}
+
+/// The release script this process runs: [`RELEASE`], unless a chaos mutant replaces it.
+pub fn release() -> &'static LuaScript {
+    static WITHOUT_OWNER_CHECK: LazyLock<LuaScript> = LazyLock::new(|| {
+        let source = mutants::patch(
+            RELEASE_SOURCE,
+            "if redis.call('GET', KEYS[1]) ~= ARGV[1] then",
+            "if redis.call('EXISTS', KEYS[1]) == 0 then",
+        );
+        LuaScript::new("release", Box::leak(source.into_boxed_str()))
+    });
+    match mutants::active() {
+        Some(Mutant::ReleaseWithoutOwnerCheck) => &WITHOUT_OWNER_CHECK,
+        _ => &RELEASE,
+    }
+}
 
 pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
 pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
@@ -154,5 +185,13 @@ mod tests {
         assert_eq!(ACQUIRE.sha().len(), 40);
         assert_ne!(ACQUIRE.sha(), RELEASE.sha());
         assert_ne!(RELEASE.sha(), RENEW.sha());
+    }
+
+    #[test]
+    fn the_mutant_patches_still_find_their_lines_in_the_real_scripts() {
+        // A script edit that moved a marker would make the mutant build panic at its first
+        // use; this says so in `cargo test` instead.
+        mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
+        mutants::patch(RELEASE_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
     }
 }
