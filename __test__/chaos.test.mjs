@@ -64,3 +64,20 @@ test('the checker catches a driver whose release skips the owner check (mutant b
   assert.match(run.stdout, /grant +op=/, 'the history excerpt is printed');
   assert.match(run.stdout, /rerun: npm run chaos -- --seconds 15 --seed 16003/);
 });
+
+test('the shipped addon ignores DOKEBI_LOCK_REDIS_CHAOS_MUTANT: its release still checks the owner', { skip: external, timeout: 30_000 }, async (t) => {
+  const { startRedis } = await import('./helpers/redis.mjs');
+  const { createRequire } = await import('node:module');
+  const { createRedisLockDriver } = createRequire(import.meta.url)('../index.js');
+  const redis = await startRedis();
+  t.after(() => redis.stop());
+  process.env.DOKEBI_LOCK_REDIS_CHAOS_MUTANT = 'release-without-owner-check';
+  t.after(() => { delete process.env.DOKEBI_LOCK_REDIS_CHAOS_MUTANT; });
+  const driver = createRedisLockDriver(redis.url, { driver: 'redis', connection: 'main', namespace: 'mutant-check' });
+  t.after(() => driver.shutdown());
+  const lease = await driver.acquire('job');
+  const [lockKey] = await redis.command('KEYS', 'mutant-check:lock:*');
+  await redis.command('SET', lockKey, 'someone-else', 'PX', '10000'); // another owner took it over
+  assert.equal(await lease.release(), false);
+  assert.equal(await redis.command('GET', lockKey), 'someone-else');
+});

@@ -113,8 +113,10 @@ export function check(history, run) {
     if (last && last.to === a.to && last.from === a.from && a.at - last.at < 10_000) { last.by.push(a.sentinel); continue; }
     switches.push({ at: a.at, from: a.from, to: a.to, by: [a.sentinel] });
   }
+  // A failover Sentinel refused (no replica it deems ready yet) moved nothing.
+  const refused = new Set(events.filter((e) => e.k === 'fault-refused').map((e) => e.id));
   const lossTimes = [
-    ...faults.filter((f) => LOSS_FAULTS.has(f.kind)).map((f) => f.at),
+    ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => f.at),
     ...switches.map((s) => s.at),
   ].sort((a, b) => a - b);
   const lossBetween = (from, to) => lossTimes.some((t) => t >= from && t <= to);
