@@ -2,8 +2,8 @@
 //!
 //! The primary is asked of the Sentinels in the listed order and confirmed with `ROLE` by
 //! the connection that then carries the commands (`connection.rs`). Every change of primary
-//! (a `+switch-master` heard by the watcher, or a new address found when reconnecting)
-//! bumps an epoch: a command connection of an older epoch is not used for another command,
+//! (the first `+switch-master` heard from any Sentinel, or a new address found when
+//! reconnecting) bumps an epoch: a command connection of an older epoch is not used for another command,
 //! and the release-notification subscription moves to the new primary.
 
 mod url;
@@ -37,7 +37,7 @@ pub struct Sentinel {
     /// A connection to the Sentinel that answered last, kept for the next question.
     asked: tokio::sync::Mutex<Option<(usize, MultiplexedConnection)>>,
     watching: AtomicBool,
-    /// Cancelled when the link closes: ends the watcher.
+    /// Cancelled when the link closes: ends the watchers.
     stop: CancellationToken,
 }
 
@@ -132,11 +132,11 @@ impl Sentinel {
     /// connectTimeoutMs, so a stalled first one leaves time to ask the next and to connect.
     ///
     /// After a `+switch-master` was heard, Sentinels that have not learnt of it yet (they
-    /// hear of a failover from each other within seconds) still name the old primary, which
+    /// hear of a failover from each other within seconds) may still name the old primary, which
     /// keeps answering ROLE `master` and taking writes until it is converted: a lock taken
     /// there is lost. So in the epoch of an announcement, a Sentinel naming another address
     /// is passed over for one naming the announced primary; it is believed only when none
-    /// does (a later failover the watcher missed).
+    /// does (a later failover the watchers missed).
     pub async fn primary_address(&self) -> Result<String, RedisFailure> {
         let mut asked = self.asked.lock().await;
         let resolved = self.resolve(&mut asked).await;
@@ -248,8 +248,24 @@ impl Sentinel {
         Some(self.bump())
     }
 
+    /// A Sentinel announced the switch from `from` to `to`. The first announcement of a
+    /// switch moves the primary (one epoch, however many Sentinels announce it after); a
+    /// later one only marks `to` as announced. False when `from` is not the primary this
+    /// driver knows: the announcement is older than a switch already followed, or one went
+    /// unheard, and the caller asks the Sentinels.
+    fn switched_from(&self, from: &str, to: &str) -> bool {
+        let mut known = self.confirmed();
+        let epoch = match known.address.as_deref() {
+            Some(at) if at == to => self.epoch(),
+            Some(at) if at != from => return false,
+            _ => self.bump(),
+        };
+        *known = Known { address: Some(to.to_owned()), announced_in: Some(epoch) };
+        true
+    }
+
     /// Sentinel says the primary is at `now_at`: unless that is the one confirmed, every
-    /// connection is to be made anew. Called by the watcher.
+    /// connection is to be made anew. Called by the watchers.
     /// The address is remembered as announced, so that a Sentinel still naming the old
     /// primary is not believed in this epoch (see [`primary_address`](Self::primary_address)).
     fn switched_to(&self, now_at: &str) {
@@ -266,14 +282,16 @@ impl Sentinel {
         epoch
     }
 
-    /// Starts the watcher once (it runs until [`stop`](Self::stop)).
+    /// Starts the watchers once, one per Sentinel (they run until [`stop`](Self::stop)).
     pub fn watch(self: &std::sync::Arc<Self>) {
         if !self.watching.swap(true, Ordering::AcqRel) && !self.stop.is_cancelled() {
-            tokio::spawn(watcher::run(self.clone()));
+            for index in 0..self.sentinels.len() {
+                tokio::spawn(watcher::run(self.clone(), index));
+            }
         }
     }
 
-    /// Ends the watcher and drops the kept Sentinel connection. A resolution still in
+    /// Ends the watchers and drops the kept Sentinel connection. A resolution still in
     /// progress (a connect or a late cleanup after shutdown) drops its own when it ends.
     pub fn stop(&self) {
         self.stop.cancel();
@@ -323,5 +341,54 @@ async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
     tokio::select! {
         _ = stop.cancelled() => false,
         _ = tokio::time::sleep_until((Instant::now() + delay).into()) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel() -> Sentinel {
+        let url = SentinelUrl::parse("redis-sentinel://s1,s2,s3#m").unwrap();
+        let auth = SentinelAuth { username: None, password: None };
+        let timeout = Duration::from_secs(1);
+        Sentinel::new(url, auth, Client::open, timeout, timeout).unwrap()
+    }
+
+    #[test]
+    fn a_switch_announced_by_every_sentinel_moves_the_primary_once() {
+        let s = sentinel();
+        assert_eq!(s.confirm(0, "p:1"), Some(0));
+        let switches = s.switches();
+        for _ in 0..3 {
+            assert!(s.switched_from("p:1", "x:1"));
+        }
+        assert_eq!(s.epoch(), 1, "one change of primary, not one per Sentinel");
+        assert!(switches.has_changed().unwrap());
+        assert_eq!(s.confirmed().announced_now(1).as_deref(), Some("x:1"));
+    }
+
+    #[test]
+    fn a_late_announcement_of_an_older_switch_does_not_move_the_primary_back() {
+        let s = sentinel();
+        s.confirm(0, "p:1");
+        assert!(s.switched_from("p:1", "x:1"));
+        assert!(s.switched_from("x:1", "y:1"));
+        // A Sentinel that learnt of the first failover only now.
+        assert!(!s.switched_from("p:1", "x:1"), "left to the Sentinels to settle");
+        assert_eq!(s.epoch(), 2);
+        assert_eq!(s.confirmed().announced_now(2).as_deref(), Some("y:1"));
+    }
+
+    #[test]
+    fn an_announcement_of_the_primary_already_confirmed_marks_it_announced_without_a_switch() {
+        let s = sentinel();
+        s.confirm(0, "p:1");
+        // A reconnect after a killed primary found the new one before any announcement.
+        assert_eq!(s.confirm(0, "x:1"), Some(1));
+        assert_eq!(s.confirmed().announced_now(1), None);
+        assert!(s.switched_from("p:1", "x:1"));
+        assert_eq!(s.epoch(), 1);
+        assert_eq!(s.confirmed().announced_now(1).as_deref(), Some("x:1"));
     }
 }

@@ -975,3 +975,142 @@ async fn rediss_sentinel_speaks_tls_to_the_sentinels_and_the_data_nodes_through_
     stranger.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// How many other Sentinels `sentinel` knows (it learns of them from hello messages).
+fn sentinels_known(sentinel: &Sentinel) -> usize {
+    let reply = sentinel.command(&["SENTINEL", "SENTINELS", MASTER]);
+    reply.split("\r\n").filter(|l| *l == "runid").count()
+}
+
+/// Subscribes to `+switch-master` on each Sentinel (a plain TCP client, not the driver's
+/// code) and reports `(index, when heard)` for every announcement.
+async fn announcements(
+    sentinels: &[&Sentinel],
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (heard, announced) = tokio::sync::mpsc::unbounded_channel();
+    for (index, sentinel) in sentinels.iter().enumerate() {
+        let socket = tokio::net::TcpStream::connect(("127.0.0.1", sentinel.port())).await.unwrap();
+        let (read, mut write) = socket.into_split();
+        write.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$14\r\n+switch-master\r\n").await.unwrap();
+        let mut lines = BufReader::new(read).lines();
+        // The confirmation: `*3`, `$9`, `subscribe`, `$14`, `+switch-master`, `:1`.
+        for _ in 0..6 {
+            lines.next_line().await.unwrap();
+        }
+        let heard = heard.clone();
+        tokio::spawn(async move {
+            let _write = write; // the subscription lasts as long as the task
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line == "message" {
+                    let _ = heard.send((index, Instant::now()));
+                }
+            }
+        });
+    }
+    announced
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_first_listed_sentinel_leads_the_failover_no_lock_is_granted_on_the_old_primary_after_the_first_announcement(
+) {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    // Three data nodes and three Sentinels. The leader of a failover announces
+    // `+switch-master` only once it has re-pointed the other replica; the other Sentinels
+    // announce as soon as its hello messages carry the new configuration, up to a second
+    // earlier. The old primary takes writes all along.
+    let (old, replicas, leader) = cluster_of(2, &[]);
+    let others = [Sentinel::start(MASTER, &old, &[]), Sentinel::start(MASTER, &old, &[])];
+    let sentinels = [&leader, &others[0], &others[1]];
+    eventually(
+        "every Sentinel to know the replicas and the others",
+        Duration::from_secs(15),
+        || sentinels.iter().all(|s| s.replicas_up() >= 2 && sentinels_known(s) >= 2),
+    )
+    .await;
+    // The leader is listed first.
+    let d = driver(common::url(&sentinel_url(&sentinels)), "first", &[("leaseMs", 30_000.0)]);
+    let warm = acquire(&d, "warm", 0).await.unwrap();
+    assert!(d.release(&warm).await.unwrap());
+    eventually("the driver to listen on the first Sentinel", Duration::from_secs(5), || {
+        leader.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "))
+    })
+    .await;
+    let mut announced = announcements(&sentinels).await;
+
+    // A fresh key every 10 ms, from before the failover until the leader announced it.
+    let stop = CancellationToken::new();
+    let acquiring = {
+        let (d, stop) = (d.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut started = Vec::new();
+            for i in 0.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let key = format!("k{i}");
+                let at = Instant::now();
+                let granted = acquire(&d, &key, 0).await.is_ok();
+                started.push((key, at, granted));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            started
+        })
+    };
+    leader.failover(Duration::from_secs(10));
+    let mut first = None;
+    let leader_at = loop {
+        let (index, at) = tokio::time::timeout(Duration::from_secs(15), announced.recv())
+            .await
+            .expect("every Sentinel announces the switch")
+            .unwrap();
+        first.get_or_insert(at);
+        if index == 0 {
+            break at;
+        }
+    };
+    let first = first.unwrap();
+    stop.cancel();
+    let started = acquiring.await.unwrap();
+    let new = match leader.primary_port() {
+        Some(port) => replicas.iter().find(|r| r.port == port).expect("a replica was promoted"),
+        None => panic!("the leader names no primary"),
+    };
+    assert_eq!(role(&old), "master", "the old primary is not converted yet: it still takes writes");
+
+    // The driver hears an announcement as soon as this test does; an acquire started in the
+    // same instant may still go out on the old connection.
+    let after: Vec<_> =
+        started.iter().filter(|(_, at, _)| *at >= first + Duration::from_millis(100)).collect();
+    let on_old: Vec<_> = after
+        .iter()
+        .filter(|(key, _, _)| holds(&old, "first", key))
+        .map(|(key, at, _)| format!("{key} +{}ms", at.duration_since(first).as_millis()))
+        .collect();
+    let lost: Vec<_> = after
+        .iter()
+        .filter(|(key, _, granted)| !granted || !holds(new, "first", key))
+        .map(|(key, _, _)| key.as_str())
+        .collect();
+    assert_eq!(role(&old), "master", "the old primary still held what was written there");
+    assert!(
+        after.iter().any(|(_, at, _)| *at < leader_at),
+        "no acquire started between the first announcement and the leader's: nothing to tell"
+    );
+    assert!(
+        on_old.is_empty(),
+        "granted on the old primary after the first announcement (the leader announced +{} ms): {on_old:?}",
+        leader_at.duration_since(first).as_millis()
+    );
+    assert!(lost.is_empty(), "not granted on the new primary: {lost:?}");
+    d.shutdown().await.unwrap();
+    // No subscription of the driver stays on any Sentinel: only this test's own.
+    eventually("the driver's subscriptions to close", Duration::from_secs(5), || {
+        sentinels.iter().all(|s| {
+            s.command(&["CLIENT", "LIST"]).lines().filter(|l| l.contains(" sub=1 ")).count() == 1
+        })
+    })
+    .await;
+}

@@ -1,9 +1,13 @@
-//! One subscription to `+switch-master` on a Sentinel, kept while the link is open.
+//! A subscription to `+switch-master` on every Sentinel, each kept while the link is open.
 //!
 //! After `SENTINEL FAILOVER` the old primary keeps accepting writes until Sentinel converts
-//! it, seconds later; the announcement is the earliest moment a client can stop writing
-//! there. When the watched Sentinel goes away the next one in the list is watched, and the
-//! primary is asked again, since a switch announced in between was not heard.
+//! it, seconds later; the first announcement is the earliest moment a client can stop
+//! writing there. The Sentinel that led the failover announces last (when it has re-pointed
+//! the replicas), the others as soon as its hello messages reach them, about a second
+//! earlier: so every Sentinel is listened to, and whichever announces first is followed
+//! (decision 0050). Each Sentinel has its own subscription and backoff; after every
+//! (re)subscription the primary is asked again, since a switch announced while that
+//! subscription was down may have gone unheard.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,40 +17,31 @@ use futures::StreamExt;
 use super::{address, pause, Sentinel};
 
 const CHANNEL: &str = "+switch-master";
-/// The longest pause after every Sentinel refused or failed to take the subscription.
+/// The first pause after a Sentinel refused or failed to take the subscription.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest pause between subscriptions to one Sentinel that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A subscription held at least this long was a working one: the backoff starts over.
 const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
 
-pub(super) async fn run(sentinel: Arc<Sentinel>) {
-    let count = sentinel.sentinels.len();
-    let mut index = 0;
-    let mut failed_in_a_row = 0;
-    let mut backoff = Duration::from_millis(100);
+/// Keeps a subscription on the Sentinel at `index` until the link closes.
+pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
+    let mut backoff = FIRST_BACKOFF;
     while !sentinel.stop.is_cancelled() {
-        match subscribe(&sentinel, index).await {
-            Some(messages) => {
-                let began = Instant::now();
-                follow(&sentinel, messages).await;
-                // A subscription that ended at once (a Sentinel that takes it and drops it)
-                // counts as a failure: otherwise it would be asked again in a tight loop.
-                if began.elapsed() >= HELD_LONG_ENOUGH {
-                    failed_in_a_row = 0;
-                    backoff = Duration::from_millis(100);
-                } else {
-                    failed_in_a_row += 1;
-                }
+        if let Some(messages) = subscribe(&sentinel, index).await {
+            let began = Instant::now();
+            follow(&sentinel, messages).await;
+            // A subscription that ended at once (a Sentinel that takes it and drops it)
+            // counts as a failure: otherwise it would be asked again in a tight loop.
+            if began.elapsed() >= HELD_LONG_ENOUGH {
+                backoff = FIRST_BACKOFF;
+                continue;
             }
-            None => failed_in_a_row += 1,
         }
-        index = (index + 1) % count;
-        if failed_in_a_row >= count {
-            failed_in_a_row = 0;
-            if !pause(&sentinel.stop, backoff).await {
-                return;
-            }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+        if !pause(&sentinel.stop, backoff).await {
+            return;
         }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -65,12 +60,8 @@ async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubS
 /// Reads announcements until the connection ends or the link closes.
 async fn follow(sentinel: &Sentinel, mut messages: redis::aio::PubSubStream) {
     // Whatever was announced before this subscription took went unheard.
-    let asked = tokio::select! {
-        _ = sentinel.stop.cancelled() => return,
-        asked = sentinel.primary_address() => asked,
-    };
-    if let Ok(now_at) = asked {
-        sentinel.switched_to(&now_at);
+    if !ask(sentinel).await {
+        return;
     }
     loop {
         let message = tokio::select! {
@@ -79,18 +70,36 @@ async fn follow(sentinel: &Sentinel, mut messages: redis::aio::PubSubStream) {
         };
         let Some(message) = message else { return };
         let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
-        if let Some(now_at) = announced(payload, &sentinel.url.master_name) {
-            sentinel.switched_to(&now_at);
+        let Some((from, to)) = announced(payload, &sentinel.url.master_name) else { continue };
+        // Another Sentinel announced this switch first (nothing to do), or this one speaks
+        // of a primary this driver did not know: either its news is older than a switch
+        // already followed, or a switch went unheard. The Sentinels settle which.
+        if !sentinel.switched_from(&from, &to) && !ask(sentinel).await {
+            return;
         }
     }
 }
 
-/// The new primary's address in `<name> <old-ip> <old-port> <new-ip> <new-port>`, when
-/// the announcement is about our master name.
-fn announced(payload: &str, master_name: &str) -> Option<String> {
+/// Asks the Sentinels for the primary and follows the answer; false when the link closed.
+async fn ask(sentinel: &Sentinel) -> bool {
+    let asked = tokio::select! {
+        _ = sentinel.stop.cancelled() => return false,
+        asked = sentinel.primary_address() => asked,
+    };
+    if let Ok(now_at) = asked {
+        sentinel.switched_to(&now_at);
+    }
+    true
+}
+
+/// The old and the new primary's addresses in `<name> <old-ip> <old-port> <new-ip>
+/// <new-port>`, when the announcement is about our master name.
+fn announced(payload: &str, master_name: &str) -> Option<(String, String)> {
     let words: Vec<&str> = payload.split_ascii_whitespace().collect();
     match words.as_slice() {
-        [name, _, _, host, port] if *name == master_name => Some(address(host, port)),
+        [name, old_host, old_port, host, port] if *name == master_name => {
+            Some((address(old_host, old_port), address(host, port)))
+        }
         _ => None,
     }
 }
@@ -101,9 +110,10 @@ mod tests {
 
     #[test]
     fn only_our_master_name_counts() {
-        assert_eq!(announced("m 127.0.0.1 1 127.0.0.1 2", "m").as_deref(), Some("127.0.0.1:2"));
+        let pair = |from: &str, to: &str| Some((from.to_owned(), to.to_owned()));
+        assert_eq!(announced("m 127.0.0.1 1 127.0.0.1 2", "m"), pair("127.0.0.1:1", "127.0.0.1:2"));
         assert_eq!(announced("other 127.0.0.1 1 127.0.0.1 2", "m"), None);
-        assert_eq!(announced("m ::1 1 ::1 2", "m").as_deref(), Some("[::1]:2"));
+        assert_eq!(announced("m ::1 1 ::1 2", "m"), pair("[::1]:1", "[::1]:2"));
         assert_eq!(announced("m garbage", "m"), None);
     }
 }
