@@ -71,6 +71,10 @@ const run = {
   settleSlackMs: 1500,
   recoveryBoundMs: 10_000,
 };
+// The build under test: the commit at the start (the addon was built from it, or from a
+// working tree that `dirty` says differs).
+const commit = (() => { try { return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim(); } catch { return null; } })();
+const dirty = (() => { try { return execFileSync('git', ['status', '--porcelain', '--', 'src', 'Cargo.toml', 'index.js'], { cwd: root, encoding: 'utf8' }).trim() !== ''; } catch { return null; } })();
 const namespace = `chaos-${seed}`;
 const keys = Array.from({ length: run.keys }, (_, i) => `chaos:key:${i}`);
 const r = rng(seed, 0);
@@ -227,7 +231,6 @@ await cluster.stop();
 
 // -------------------------------------------------------------- the verdict ----
 const verdict = check(history, run);
-const commit = (() => { try { return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim(); } catch { return null; } })();
 const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
 const summary = {
   command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`,
@@ -238,7 +241,7 @@ const summary = {
   ...verdict.stats,
   violationsByInvariant: Object.fromEntries(INVARIANTS.map((n) => [n, verdict.counts[n].violations])),
   firstViolations: verdict.violations.slice(0, 10).map((v) => ({ invariant: v.invariant, detail: v.detail })),
-  machine: { cpus: os.cpus().length, model: os.cpus()[0]?.model, node: process.version, redis: redisVersion, commit, date: new Date().toISOString() },
+  machine: { cpus: os.cpus().length, model: os.cpus()[0]?.model, node: process.version, redis: redisVersion, commit, dirty, date: new Date().toISOString() },
 };
 if (o.out) writeFileSync(o.out, JSON.stringify(summary, null, 2) + '\n');
 if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_, v) => (typeof v === 'bigint' ? String(v) : v))).join('\n') + '\n');
