@@ -110,3 +110,14 @@ test('under Sentinel, a lease that starts well after the first Sentinel announce
   const early = [...lease('old', 'k', 20, 1100, 1110, 1700, { released: false }), ...lease('new', 'k', 15, 1500, 1510, 1600, { p: 1 })];
   assert.equal(check([...announce, ...early, ...ending(5000)], run({ mode: 'sentinel', minReplicas: 0 })).counts['no-lease-lost-after-announced-switch'].violations, 0);
 });
+
+test('a release called by a process killed before it answered ends the lease at the call (Redis may run it after the process died)', () => {
+  const killedMidRelease = [
+    ...lease('a', 'k', 10, 0, 5, undefined),
+    { k: 'release-call', op: 'a', key: 'k', p: 0, inc: 1, at: 100 },
+    ...lease('b', 'k', 11, 50, 300, 400, { p: 1 }),
+  ];
+  assert.deepEqual(violated(check([...killedMidRelease, ...ending(1000)], run())), {});
+  const noCall = killedMidRelease.filter((e) => e.k !== 'release-call');
+  assert.deepEqual(violated(check([...noCall, ...ending(1000)], run())), { 'no-overlapping-valid-leases': 1 });
+});

@@ -83,6 +83,11 @@ export function check(history, run) {
         }
         break;
       }
+      case 'release-call': {
+        const l = leases.get(e.op);
+        if (l) l.releaseAt = Math.min(l.releaseAt, e.at);
+        break;
+      }
       case 'release': {
         const l = leases.get(e.op);
         if (!l) break;

@@ -103,6 +103,9 @@ async function worker(w) {
     send({ k: 'write', op, key, at: now(), ok: ok2, validBefore });
     const relAt = now();
     const validAtRelease = lease.valid;
+    // Sent before the call: a process killed while its release is in flight has still ended
+    // the lease here, and Redis may run that release after the process died.
+    send({ k: 'release-call', op, key, at: relAt });
     try {
       const released = await lease.release();
       send({ k: 'release', op, key, at: relAt, endAt: now(), ok: true, released, validBefore: validAtRelease });

@@ -214,7 +214,14 @@ export function createNemesis({ cluster, proxies, clients, record, r }) {
         } else if (kind === 'net-stall') {
           const drop = r.chance(0.3);
           proxy.stallAfterWrite({ drop });
-          timed(kind, i, ms, () => { proxy.release(); busyProxies.delete(i); }, { drop });
+          // Bytes lost from a live TCP stream cannot happen: a dropping stall (a black hole)
+          // ends with its connections reset, as TCP would end them. Releasing them instead
+          // would pair later replies with earlier commands (CHAOS.md, the first long run).
+          timed(kind, i, ms, () => {
+            if (drop) proxy.killAll({ reset: true });
+            proxy.release();
+            busyProxies.delete(i);
+          }, { drop });
         } else {
           const latency = r.int(20, 150);
           proxy.latency(latency);
