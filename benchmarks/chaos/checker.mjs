@@ -114,8 +114,10 @@ export function check(history, run) {
   // driver that follows the first announcement (issue 16, point 1) acts on.
   const switches = [];
   for (const a of announcements) {
-    const last = switches.at(-1);
-    if (last && last.to === a.to && last.from === a.from && a.at - last.at < 10_000) { last.by.push(a.sentinel); continue; }
+    // Announcements of two switches can interleave (Sentinels that elected different
+    // leaders), so look back over every recent switch, not only the last.
+    const same = switches.findLast((s) => s.to === a.to && s.from === a.from && a.at - s.at < 10_000);
+    if (same) { same.by.push(a.sentinel); continue; }
     switches.push({ at: a.at, from: a.from, to: a.to, by: [a.sentinel] });
   }
   // A failover Sentinel refused (no replica it deems ready yet) moved nothing.
