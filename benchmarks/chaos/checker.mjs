@@ -32,7 +32,7 @@ export const INVARIANTS = [
 
 /**
  * @param {object[]} history every event, any order
- * @param {object} run { mode, minReplicas, leaseMs, waitTimeoutMs, commandTimeoutMs, replicaTimeoutMs,
+ * @param {object} run { mode, minReplicas, replicas (Sentinel: how many the primary has), leaseMs, waitTimeoutMs, commandTimeoutMs, replicaTimeoutMs,
  *   switchToleranceMs, recoveryBoundMs, settleSlackMs }
  */
 export function check(history, run) {
@@ -79,7 +79,9 @@ export function check(history, run) {
         else {
           errors.push({ call: 'renew', e });
           if (!e.valid) l.invalidAt = Math.min(l.invalidAt, e.endAt);
-          if (e.err?.code === 'LEASE_LOST' && e.at < l.expiresAt) l.lost ??= { how: 'renew found another owner', at: e.endAt };
+          // Lost only if Redis said so before the lease's deadline: a renew answered after it
+          // (a stopped primary, a stall) may rightly find the key expired.
+          if (e.err?.code === 'LEASE_LOST' && e.endAt < l.expiresAt) l.lost ??= { how: 'renew found another owner', at: e.endAt };
         }
         break;
       }
@@ -93,7 +95,7 @@ export function check(history, run) {
         if (!l) break;
         l.releaseAt = Math.min(l.releaseAt, e.at);
         if (!e.ok) errors.push({ call: 'release', e });
-        else if (e.released === false && e.validBefore) l.lost ??= { how: 'released while valid, but the key was no longer ours', at: e.endAt };
+        else if (e.released === false && e.endAt < l.expiresAt) l.lost ??= { how: 'released while valid, but the key was no longer ours', at: e.endAt };
         break;
       }
       case 'write': writes.push(e); break;
@@ -141,7 +143,8 @@ export function check(history, run) {
 
   // ------------------------------------------------------ fences never go backwards ----
   // Real-time order: a grant that completed before another acquire started must have the
-  // smaller fence. Only Sentinel with minReplicas 0 may lose fences (README "Limits of fencing").
+  // smaller fence. Only a failover under Sentinel with minReplicas below the number of
+  // replicas may lose fences (README "Limits of fencing", "Replica acknowledgements").
   for (const list of byKey.values()) {
     const byGrant = [...list].sort((a, b) => a.grantAt - b.grantAt);
     const byStart = [...list].sort((a, b) => a.startAt - b.startAt);
@@ -153,9 +156,13 @@ export function check(history, run) {
         i += 1;
       }
       counts['fences-never-go-backwards'].checked += 1;
-      if (best && l2.fence <= best.fence) {
-        best.lost ??= { how: `a later lease drew fence ${l2.fence} ≤ its ${best.fence}`, at: l2.grantAt };
-        const documented = run.mode === 'sentinel' && run.minReplicas === 0 && lossBetween(best.startAt, l2.grantAt);
+      // Counted once per fence handed out again (the first later grant at or below it),
+      // not once per grant until the counter climbs past it again.
+      if (best && l2.fence <= best.fence && !best.lost?.fence) {
+        best.lost = { how: `a later lease drew fence ${l2.fence} ≤ its ${best.fence}`, at: l2.grantAt, fence: true };
+        // README "Replica acknowledgements": a failover may promote a replica that did not
+        // acknowledge unless minReplicas counts every replica (decision 0058).
+        const documented = run.mode === 'sentinel' && run.minReplicas < run.replicas && lossBetween(best.startAt, l2.grantAt);
         if (documented) counts['fences-never-go-backwards'].documented += 1;
         else violate('fences-never-go-backwards', `key ${l2.key}: lease ${l2.op} drew fence ${l2.fence} after lease ${best.op} had been granted fence ${best.fence}`, { key: l2.key, from: best.startAt, to: l2.grantAt });
       }

@@ -64,6 +64,7 @@ const run = {
   seconds: int('seconds', 1), quietSeconds: int('quiet-seconds', 2),
   procs: int('procs', 2), workers: int('workers', 1), keys: int('keys', 1),
   leaseMs: int('lease-ms', 1), waitTimeoutMs: int('wait-ms', 0),
+  replicas: mode === 'sentinel' ? 2 : 0,
   connectTimeoutMs: 1000, commandTimeoutMs: 1000, replicaTimeoutMs: 500,
   // Decision 0056: how long after the first Sentinel's announcement an acquire may still
   // start on the old primary (delivery of the message and the event loops of two processes).
@@ -235,7 +236,7 @@ const redisVersion = (() => { try { return execFileSync('redis-server', ['--vers
 const summary = {
   command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`,
   seed, mode, minReplicas, mutant: run.mutant, seconds: run.seconds,
-  setup: { procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs },
+  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs },
   result: verdict.ok ? 'pass' : 'fail',
   invariants: verdict.counts,
   ...verdict.stats,
