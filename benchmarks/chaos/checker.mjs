@@ -10,6 +10,9 @@
 /** Faults after which README says a lease or fence may be lost (failover, restart). */
 const LOSS_FAULTS = new Set(['server-kill', 'failover', 'primary-kill', 'primary-kill-lagging']);
 
+/** How long before its first announcement a switch may already hand out leases (decision 0058). */
+const PROMOTION_BEFORE_ANNOUNCEMENT_MS = 2000;
+
 /** The codes each call may reject with under faults (README "Errors", CONTRACT.md). */
 const ALLOWED = {
   acquire: new Set(['WAIT_TIMEOUT', 'PROVIDER_FAILED', 'OUTCOME_UNKNOWN', 'LOCK_BUSY']),
@@ -126,7 +129,10 @@ export function check(history, run) {
   const refused = new Set(events.filter((e) => e.k === 'fault-refused').map((e) => e.id));
   const lossTimes = [
     ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => f.at),
-    ...switches.map((s) => s.at),
+    // The promotion comes before the announcements: the leader announces only when the
+    // failover ends, about a second after the others (decision 0050), and a driver that
+    // connects meanwhile is already sent to the new primary by the Sentinels' answer.
+    ...switches.map((s) => s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS),
   ].sort((a, b) => a - b);
   const lossBetween = (from, to) => lossTimes.some((t) => t >= from && t <= to);
   const killedAt = new Map(); // `${p}.${inc}` → when the nemesis killed it
