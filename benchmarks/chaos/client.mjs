@@ -32,6 +32,9 @@ function storeWrite(key, fence, lease) {
 }
 
 let stopping = false;
+let finished = false;
+// The coordinator died (killed, crashed): nobody will say stop, and nobody records anything.
+process.on('disconnect', () => { if (!finished) process.exit(2); });
 let stopped;
 const stopRequested = new Promise((resolve) => { stopped = resolve; });
 process.on('message', (msg) => {
@@ -129,4 +132,5 @@ try {
 }
 // Leave the IPC channel so that nothing but the driver could keep this process alive: the
 // coordinator checks that it then exits on its own, with code 0.
+finished = true;
 process.disconnect();
