@@ -146,3 +146,12 @@ test('a release called by a process killed before it answered ends the lease at 
   const noCall = killedMidRelease.filter((e) => e.k !== 'release-call');
   assert.deepEqual(violated(check([...noCall, ...ending(1000)], run())), { 'no-overlapping-valid-leases': 1 });
 });
+
+test('a lease that arrived already expired was never valid and overlaps nothing', () => {
+  const history = [
+    ...lease('a', 'k', 11, 0, 5, 500),
+    { k: 'acq-start', op: 'b', key: 'k', p: 1, inc: 1, at: 1 },
+    { k: 'grant', op: 'b', key: 'k', p: 1, inc: 1, at: 200, startAt: 1, fence: '10', expiresAt: 200 },
+  ];
+  assert.deepEqual(violated(check([...history, ...ending(1000)], run())), {});
+});

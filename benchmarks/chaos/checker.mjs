@@ -119,22 +119,24 @@ export function check(history, run) {
   // driver that follows the first announcement (issue 16, point 1) acts on.
   const switches = [];
   for (const a of announcements) {
-    // Announcements of two switches can interleave (Sentinels that elected different
-    // leaders), so look back over every recent switch, not only the last.
-    const same = switches.findLast((s) => s.to === a.to && s.from === a.from && a.at - s.at < 10_000);
-    if (same) { same.by.push(a.sentinel); continue; }
+    // Another Sentinel announcing the latest switch joins it; anything else is a new switch,
+    // also the same pair again after a different one (Sentinels that flip the primary back
+    // and forth move the drivers each time).
+    const last = switches.at(-1);
+    if (last && last.to === a.to && last.from === a.from && a.at - last.at < 10_000) { last.by.push(a.sentinel); continue; }
     switches.push({ at: a.at, from: a.from, to: a.to, by: [a.sentinel] });
   }
   // A failover Sentinel refused (no replica it deems ready yet) moved nothing.
   const refused = new Set(events.filter((e) => e.k === 'fault-refused').map((e) => e.id));
-  const lossTimes = [
-    ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => f.at),
-    // The promotion comes before the announcements: the leader announces only when the
-    // failover ends, about a second after the others (decision 0050), and a driver that
-    // connects meanwhile is already sent to the new primary by the Sentinels' answer.
-    ...switches.map((s) => s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS),
-  ].sort((a, b) => a - b);
-  const lossBetween = (from, to) => lossTimes.some((t) => t >= from && t <= to);
+  // Each loss is a span: a fault at its moment; a switch from its promotion, which comes
+  // before the announcements (the leader announces only when the failover ends, about a
+  // second after the others, decision 0050, and a driver that connects meanwhile is
+  // already sent to the new primary), to its first announcement.
+  const losses = [
+    ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => [f.at, f.at]),
+    ...switches.map((s) => [s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS, s.at]),
+  ];
+  const lossBetween = (from, to) => losses.some(([a, b]) => a <= to && b >= from);
   const killedAt = new Map(); // `${p}.${inc}` → when the nemesis killed it
   for (const f of faults) if (f.kind === 'proc-kill') killedAt.set(`${f.target}.${f.inc}`, f.at);
   const stoppedSpans = faults.filter((f) => f.kind === 'proc-stop').map((f) => ({
@@ -182,6 +184,9 @@ export function check(history, run) {
     for (const l2 of sorted) {
       counts['no-overlapping-valid-leases'].checked += 1;
       for (let j = active.length - 1; j >= 0; j--) if (active[j].end <= l2.grantAt) active.splice(j, 1);
+      // A lease that arrived already expired (its process was stopped while the reply came)
+      // was never valid: it overlaps nothing.
+      if (l2.end <= l2.grantAt) continue;
       for (const l1 of active) {
         if (l1.p === l2.p && l1.inc === l2.inc && l1.op === l2.op) continue;
         l1.lost ??= { how: `lease ${l2.op} was granted while it was valid`, at: l2.grantAt };
