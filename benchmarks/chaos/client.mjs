@@ -64,6 +64,12 @@ const driver = createRedisLockDriver(
     driver: 'redis', connection: 'main', namespace: cfg.namespace, leaseMs, waitTimeoutMs,
     minReplicas: cfg.minReplicas, replicaTimeoutMs: cfg.replicaTimeoutMs, shutdownTimeoutMs: 5000,
   },
+  // The driver's warnings and errors join the history (their code and reason only), so a
+  // stretch without leases can be told apart from a cluster without a primary.
+  {
+    warn: (fields) => send({ k: 'log', level: 'warn', at: now(), code: fields?.code, reason: fields?.reason }),
+    error: (fields) => send({ k: 'log', level: 'error', at: now(), code: fields?.code, reason: fields?.reason }),
+  },
 );
 
 async function worker(w) {
