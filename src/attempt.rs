@@ -52,7 +52,7 @@ impl Driver {
             let lease_ms = this.inner.options.lease_ms;
             let token = new_token();
             let call = ScriptCall {
-                script: &scripts::ACQUIRE,
+                script: scripts::acquire(),
                 keys: vec![keys.lock.clone(), keys.fence.clone()],
                 args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
             };

@@ -11,6 +11,7 @@ pub mod events;
 pub mod key_notify;
 pub mod keys;
 pub mod lease;
+pub mod mutants;
 pub mod notify;
 pub mod options;
 pub mod replicas;

@@ -6,6 +6,7 @@ use redis::{Script, Value};
 
 use crate::connection::ScriptCall;
 use crate::keys::{self, KeyNames};
+use crate::mutants::{self, Mutant};
 use crate::options::NotificationMode;
 
 /// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
@@ -32,6 +33,41 @@ pub static RELEASE: LazyLock<LuaScript> =
 pub static RELEASE_KEYED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release_keyed", RELEASE_KEYED_SOURCE));
 pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+
+/// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
+/// (only in a `chaos-mutants` build, see [`crate::mutants`]).
+pub fn acquire() -> &'static LuaScript {
+    static COUNTER_RESTARTS: LazyLock<LuaScript> = LazyLock::new(|| {
+        let source = mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
+        LuaScript::new("acquire", Box::leak(source.into_boxed_str()))
+    });
+    match mutants::active() {
+        Some(Mutant::CounterRestarts) => &COUNTER_RESTARTS,
+        _ => &ACQUIRE,
+    }
+}
+
+/// The release script this process runs: [`RELEASE`], or [`RELEASE_KEYED`] for per-key
+/// notifications, unless a chaos mutant replaces them.
+fn release(keyed: bool) -> &'static LuaScript {
+    static WITHOUT_OWNER_CHECK: LazyLock<[LuaScript; 2]> = LazyLock::new(|| {
+        [("release", RELEASE_SOURCE), ("release_keyed", RELEASE_KEYED_SOURCE)].map(
+            |(name, source)| {
+                let source = mutants::patch(
+                    source,
+                    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then",
+                    "if redis.call('EXISTS', KEYS[1]) == 0 then",
+                );
+                LuaScript::new(name, Box::leak(source.into_boxed_str()))
+            },
+        )
+    });
+    match (mutants::active(), keyed) {
+        (Some(Mutant::ReleaseWithoutOwnerCheck), _) => &WITHOUT_OWNER_CHECK[usize::from(keyed)],
+        (_, false) => &RELEASE,
+        (_, true) => &RELEASE_KEYED,
+    }
+}
 
 pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
 pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
@@ -64,7 +100,7 @@ impl ReleaseChannels {
     pub fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
         if self.mode == NotificationMode::Namespace {
             return ScriptCall {
-                script: &RELEASE,
+                script: release(false),
                 keys: vec![keys.lock.clone()],
                 args: vec![token.to_owned(), self.namespace.clone(), keys.hash.to_string()],
             };
@@ -78,7 +114,7 @@ impl ReleaseChannels {
         if self.mode == NotificationMode::Both {
             args.push(self.namespace.clone());
         }
-        ScriptCall { script: &RELEASE_KEYED, keys: vec![keys.lock.clone()], args }
+        ScriptCall { script: release(true), keys: vec![keys.lock.clone()], args }
     }
 }
 
@@ -221,5 +257,14 @@ mod tests {
         assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
         let both = ReleaseChannels::new("svc", NotificationMode::Both, true).call(&k, "tok");
         assert_eq!(both.args, ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]);
+    }
+
+    #[test]
+    fn the_mutant_patches_still_find_their_lines_in_the_real_scripts() {
+        // A script edit that moved a marker would make the mutant build panic at its first
+        // use; this says so in `cargo test` instead.
+        mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
+        mutants::patch(RELEASE_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
+        mutants::patch(RELEASE_KEYED_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
     }
 }

@@ -1,0 +1,82 @@
+// The chaos run (benchmarks/chaos, docs/CHAOS.md) in CI: one short seeded run per mode must
+// hold every invariant, and the checker must catch a deliberately broken driver, or a
+// passing run would prove nothing. The long runs and their figures are in docs/CHAOS.md.
+
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { external } from './helpers/redis.mjs';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const mutantBuild = path.join(root, 'target', 'chaos-mutants', 'lock-redis.linux-x64-gnu.node');
+
+function chaos(args) {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'dokebi-chaos-test-'));
+  const out = path.join(dir, 'summary.json');
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['benchmarks/chaos/run.mjs', ...args, '--out', out], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => { stdout += c; });
+    child.stderr.on('data', (c) => { stderr += c; });
+    child.on('error', reject);
+    child.on('exit', (code) => {
+      const summary = existsSync(out) ? JSON.parse(readFileSync(out, 'utf8')) : null;
+      rmSync(dir, { recursive: true, force: true });
+      resolve({ code, stdout, stderr, summary });
+    });
+  });
+}
+
+const totalFaults = (s) => Object.values(s.faultsByKind).reduce((a, b) => a + b, 0);
+
+test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut and stalled connections, killed clients) holds every invariant', { skip: external, timeout: 120_000 }, async () => {
+  const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone']);
+  assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
+  const s = run.summary;
+  assert.equal(s.result, 'pass');
+  assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
+  assert.ok(totalFaults(s) >= 10, `only ${totalFaults(s)} faults injected`);
+  assert.equal(s.invariants['fences-never-go-backwards'].documented, 0, 'standalone never excuses a fence going back');
+});
+
+test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed and stopped primaries, lagging replicas) holds every invariant', { skip: external, timeout: 150_000 }, async () => {
+  const run = await chaos(['--seconds', '40', '--seed', '16002', '--mode', 'sentinel', '--min-replicas', '1']);
+  assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
+  const s = run.summary;
+  assert.equal(s.result, 'pass');
+  assert.ok(s.switches >= 1, 'no failover happened in the run');
+  assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
+});
+
+test('the checker catches a driver whose release skips the owner check (mutant build), prints the seed and the history, and exits non-zero', { skip: external, timeout: 120_000 }, async () => {
+  assert.ok(existsSync(mutantBuild), 'the mutant build is missing: npm run build:chaos-mutants (npm test runs it)');
+  const run = await chaos(['--seconds', '15', '--seed', '16003', '--mode', 'standalone', '--mutant', 'release-without-owner-check']);
+  assert.equal(run.code, 1, `the mutant was not caught:\n${run.stdout.slice(-4000)}`);
+  assert.ok(run.summary.violationsByInvariant['no-overlapping-valid-leases'] > 0);
+  assert.match(run.stdout, /FAILED: seed 16003 .*mutant release-without-owner-check/);
+  assert.match(run.stdout, /✗ no-overlapping-valid-leases: key chaos:key:\d: lease \S+ \(fence \d+\) granted while lease/);
+  assert.match(run.stdout, /grant +op=/, 'the history excerpt is printed');
+  assert.match(run.stdout, /rerun: npm run chaos -- --seconds 15 --seed 16003/);
+});
+
+test('the shipped addon ignores DOKEBI_LOCK_REDIS_CHAOS_MUTANT: its release still checks the owner', { skip: external, timeout: 30_000 }, async (t) => {
+  const { startRedis } = await import('./helpers/redis.mjs');
+  const { createRequire } = await import('node:module');
+  const { createRedisLockDriver } = createRequire(import.meta.url)('../index.js');
+  const redis = await startRedis();
+  t.after(() => redis.stop());
+  process.env.DOKEBI_LOCK_REDIS_CHAOS_MUTANT = 'release-without-owner-check';
+  t.after(() => { delete process.env.DOKEBI_LOCK_REDIS_CHAOS_MUTANT; });
+  const driver = createRedisLockDriver(redis.url, { driver: 'redis', connection: 'main', namespace: 'mutant-check' });
+  t.after(() => driver.shutdown());
+  const lease = await driver.acquire('job');
+  const [lockKey] = await redis.command('KEYS', 'mutant-check:lock:*');
+  await redis.command('SET', lockKey, 'someone-else', 'PX', '10000'); // another owner took it over
+  assert.equal(await lease.release(), false);
+  assert.equal(await redis.command('GET', lockKey), 'someone-else');
+});

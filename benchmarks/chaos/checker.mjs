@@ -1,0 +1,365 @@
+// The checker: reads the whole recorded history of a chaos run after it ended and judges it
+// against the invariants README promises. Pure: history and settings in, a verdict out, so
+// that it can be tested on hand-written histories (checker.test.mjs).
+//
+// Times are milliseconds on CLOCK_MONOTONIC, stamped by the process that saw the event
+// (decision 0056). A lease is valid from the moment its acquire resolved (grantAt) until
+// the earliest of its local deadline (expiresAt, from `remainingMs`, moved by a renew),
+// the moment release() was called, and the moment the driver said it is no longer valid.
+
+/** Faults after which README says a lease or fence may be lost (failover, restart). */
+const LOSS_FAULTS = new Set(['server-kill', 'failover', 'primary-kill', 'primary-kill-lagging']);
+
+/** How long before its first announcement a switch may already hand out leases (decision 0058). */
+const PROMOTION_BEFORE_ANNOUNCEMENT_MS = 2000;
+
+/** The codes each call may reject with under faults (README "Errors", CONTRACT.md). */
+const ALLOWED = {
+  acquire: new Set(['WAIT_TIMEOUT', 'PROVIDER_FAILED', 'OUTCOME_UNKNOWN', 'LOCK_BUSY']),
+  renew: new Set(['LEASE_EXPIRED', 'LEASE_LOST', 'PROVIDER_FAILED', 'OUTCOME_UNKNOWN']),
+  release: new Set(['PROVIDER_FAILED', 'OUTCOME_UNKNOWN']),
+  shutdown: new Set([]),
+};
+const REDIS_CAUSE = new Set(['PROVIDER_FAILED', 'OUTCOME_UNKNOWN']);
+
+export const INVARIANTS = [
+  'fences-never-go-backwards',
+  'no-overlapping-valid-leases',
+  'no-stale-write-accepted',
+  'every-acquire-settles-in-bound',
+  'recovery-after-last-fault',
+  'clean-exits-no-keys-left',
+  'only-contract-error-codes',
+  'no-lease-lost-after-announced-switch',
+];
+
+/**
+ * @param {object[]} history every event, any order
+ * @param {object} run { mode, minReplicas, replicas (Sentinel: how many the primary has), leaseMs, waitTimeoutMs, commandTimeoutMs, replicaTimeoutMs,
+ *   switchToleranceMs, recoveryBoundMs, settleSlackMs }
+ */
+export function check(history, run) {
+  const events = [...history].sort((a, b) => a.at - b.at);
+  const violations = [];
+  const counts = Object.fromEntries(INVARIANTS.map((n) => [n, { checked: 0, violations: 0, documented: 0 }]));
+  const violate = (invariant, detail, around) => {
+    counts[invariant].violations += 1;
+    violations.push({ invariant, detail, around });
+  };
+
+  // ------------------------------------------------------------ the record, rebuilt ----
+  const leases = new Map();
+  const starts = new Map();
+  const ends = new Map();
+  const faults = [];
+  const heals = [];
+  const announcements = [];
+  const exits = [];
+  const shutdowns = [];
+  const storeWrites = [];
+  const writes = [];
+  const errors = [];
+  let finalHealAt = null;
+  let lockKeysLeft = null;
+  for (const e of events) {
+    switch (e.k) {
+      case 'acq-start': starts.set(e.op, e); break;
+      case 'grant':
+        ends.set(e.op, e);
+        leases.set(e.op, {
+          op: e.op, p: e.p, inc: e.inc, key: e.key, startAt: e.startAt, grantAt: e.at,
+          fence: BigInt(e.fence), expiresAt: e.expiresAt, releaseAt: Infinity, invalidAt: Infinity, lost: null,
+        });
+        break;
+      case 'acq-fail':
+        ends.set(e.op, e);
+        errors.push({ call: 'acquire', e });
+        break;
+      case 'renew': {
+        const l = leases.get(e.op);
+        if (!l) break;
+        if (e.ok) l.expiresAt = Math.max(l.expiresAt, e.expiresAt);
+        else {
+          errors.push({ call: 'renew', e });
+          if (!e.valid) l.invalidAt = Math.min(l.invalidAt, e.endAt);
+          // Lost only if Redis said so before the lease's deadline: a renew answered after it
+          // (a stopped primary, a stall) may rightly find the key expired.
+          if (e.err?.code === 'LEASE_LOST' && e.endAt < l.expiresAt) l.lost ??= { how: 'renew found another owner', at: e.endAt };
+        }
+        break;
+      }
+      case 'release-call': {
+        const l = leases.get(e.op);
+        if (l) l.releaseAt = Math.min(l.releaseAt, e.at);
+        break;
+      }
+      case 'release': {
+        const l = leases.get(e.op);
+        if (!l) break;
+        l.releaseAt = Math.min(l.releaseAt, e.at);
+        if (!e.ok) errors.push({ call: 'release', e });
+        else if (e.released === false && e.endAt < l.expiresAt) l.lost ??= { how: 'released while valid, but the key was no longer ours', at: e.endAt };
+        break;
+      }
+      case 'write': writes.push(e); break;
+      case 'store': storeWrites.push(e); break;
+      case 'fault': faults.push(e); break;
+      case 'heal': heals.push(e); break;
+      case 'announce': announcements.push(e); break;
+      case 'exit': exits.push(e); break;
+      case 'shutdown': shutdowns.push(e); if (!e.ok) errors.push({ call: 'shutdown', e }); break;
+      case 'healed-all': finalHealAt = e.at; break;
+      case 'lock-keys-left': lockKeysLeft = e.count; break;
+      default: break;
+    }
+  }
+  for (const l of leases.values()) l.end = Math.min(l.expiresAt, l.releaseAt, l.invalidAt);
+
+  // A switch is announced by several Sentinels; the first announcement of each is what a
+  // driver that follows the first announcement (issue 16, point 1) acts on.
+  const switches = [];
+  for (const a of announcements) {
+    // Another Sentinel announcing the latest switch joins it; anything else is a new switch,
+    // also the same pair again after a different one (Sentinels that flip the primary back
+    // and forth move the drivers each time).
+    const last = switches.at(-1);
+    if (last && last.to === a.to && last.from === a.from && a.at - last.at < 10_000) { last.by.push(a.sentinel); continue; }
+    switches.push({ at: a.at, from: a.from, to: a.to, by: [a.sentinel] });
+  }
+  // A failover Sentinel refused (no replica it deems ready yet) moved nothing.
+  const refused = new Set(events.filter((e) => e.k === 'fault-refused').map((e) => e.id));
+  // Each loss is a span: a fault at its moment; a switch from its promotion, which comes
+  // before the announcements (the leader announces only when the failover ends, about a
+  // second after the others, decision 0050, and a driver that connects meanwhile is
+  // already sent to the new primary), to its first announcement.
+  const losses = [
+    ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => [f.at, f.at]),
+    ...switches.map((s) => [s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS, s.at]),
+  ];
+  const lossBetween = (from, to) => losses.some(([a, b]) => a <= to && b >= from);
+  const killedAt = new Map(); // `${p}.${inc}` → when the nemesis killed it
+  for (const f of faults) if (f.kind === 'proc-kill') killedAt.set(`${f.target}.${f.inc}`, f.at);
+  const stoppedSpans = faults.filter((f) => f.kind === 'proc-stop').map((f) => ({
+    p: f.target, from: f.at, to: heals.find((h) => h.id === f.id)?.at ?? Infinity,
+  }));
+
+  const byKey = new Map();
+  for (const l of leases.values()) {
+    if (!byKey.has(l.key)) byKey.set(l.key, []);
+    byKey.get(l.key).push(l);
+  }
+
+  // ------------------------------------------------------ fences never go backwards ----
+  // Real-time order: a grant that completed before another acquire started must have the
+  // smaller fence. Only a failover under Sentinel with minReplicas below the number of
+  // replicas may lose fences (README "Limits of fencing", "Replica acknowledgements").
+  for (const list of byKey.values()) {
+    const byGrant = [...list].sort((a, b) => a.grantAt - b.grantAt);
+    const byStart = [...list].sort((a, b) => a.startAt - b.startAt);
+    let i = 0;
+    let best = null;
+    for (const l2 of byStart) {
+      while (i < byGrant.length && byGrant[i].grantAt < l2.startAt) {
+        if (!best || byGrant[i].fence > best.fence) best = byGrant[i];
+        i += 1;
+      }
+      counts['fences-never-go-backwards'].checked += 1;
+      // Counted once per fence handed out again (the first later grant at or below it),
+      // not once per grant until the counter climbs past it again.
+      if (best && l2.fence <= best.fence && !best.lost?.fence) {
+        best.lost = { how: `a later lease drew fence ${l2.fence} ≤ its ${best.fence}`, at: l2.grantAt, fence: true };
+        // README "Replica acknowledgements": a failover may promote a replica that did not
+        // acknowledge unless minReplicas counts every replica (decision 0058).
+        const documented = run.mode === 'sentinel' && run.minReplicas < run.replicas && lossBetween(best.startAt, l2.grantAt);
+        if (documented) counts['fences-never-go-backwards'].documented += 1;
+        else violate('fences-never-go-backwards', `key ${l2.key}: lease ${l2.op} drew fence ${l2.fence} after lease ${best.op} had been granted fence ${best.fence}`, { key: l2.key, from: best.startAt, to: l2.grantAt });
+      }
+    }
+  }
+
+  // --------------------------------------------------------- no overlapping leases ----
+  for (const list of byKey.values()) {
+    const sorted = [...list].sort((a, b) => a.grantAt - b.grantAt);
+    const active = [];
+    for (const l2 of sorted) {
+      counts['no-overlapping-valid-leases'].checked += 1;
+      for (let j = active.length - 1; j >= 0; j--) if (active[j].end <= l2.grantAt) active.splice(j, 1);
+      // A lease that arrived already expired (its process was stopped while the reply came)
+      // was never valid: it overlaps nothing.
+      if (l2.end <= l2.grantAt) continue;
+      for (const l1 of active) {
+        if (l1.p === l2.p && l1.inc === l2.inc && l1.op === l2.op) continue;
+        l1.lost ??= { how: `lease ${l2.op} was granted while it was valid`, at: l2.grantAt };
+        if (lossBetween(l1.startAt, l2.grantAt)) counts['no-overlapping-valid-leases'].documented += 1;
+        else violate('no-overlapping-valid-leases', `key ${l1.key}: lease ${l2.op} (fence ${l2.fence}) granted while lease ${l1.op} (fence ${l1.fence}) was valid for ${(l1.end - l2.grantAt).toFixed(1)} ms more`, { key: l1.key, from: l1.startAt, to: l2.grantAt + 1 });
+      }
+      if (l2.end > l2.grantAt) active.push(l2);
+    }
+  }
+
+  // ------------------------------------------------------- no stale write accepted ----
+  const lastAccepted = new Map();
+  let staleCaught = 0;
+  let refusedWhileValid = 0;
+  for (const w of storeWrites) {
+    counts['no-stale-write-accepted'].checked += 1;
+    const fence = BigInt(w.fence);
+    const last = lastAccepted.get(w.key);
+    if (w.ok) {
+      if (last && (fence < last.fence || (fence === last.fence && w.lease !== last.lease))) {
+        violate('no-stale-write-accepted', `key ${w.key}: the store accepted fence ${fence} of lease ${w.lease} after fence ${last.fence} of lease ${last.lease}`, { key: w.key, from: w.at - 2000, to: w.at + 1 });
+      }
+      if (!last || fence >= last.fence) lastAccepted.set(w.key, { fence, lease: w.lease });
+    }
+  }
+  for (const w of writes) {
+    if (w.ok) continue;
+    if (w.validBefore) refusedWhileValid += 1;
+    else staleCaught += 1;
+  }
+
+  // ---------------------------------------------- every acquire settles in its bound ----
+  const bound = run.waitTimeoutMs + run.commandTimeoutMs
+    + (run.minReplicas > 0 ? run.replicaTimeoutMs + run.commandTimeoutMs : 0) + run.settleSlackMs;
+  const settleMs = [];
+  for (const s of starts.values()) {
+    const end = ends.get(s.op);
+    const died = killedAt.get(`${s.p}.${s.inc}`);
+    if (!end) {
+      if (died !== undefined && died >= s.at) continue; // its process was killed with it
+      counts['every-acquire-settles-in-bound'].checked += 1;
+      violate('every-acquire-settles-in-bound', `acquire ${s.op} on ${s.key} never settled`, { key: s.key, from: s.at - 500, to: s.at + bound });
+      continue;
+    }
+    counts['every-acquire-settles-in-bound'].checked += 1;
+    const took = end.at - s.at;
+    if (stoppedSpans.some((sp) => sp.p === s.p && sp.from < end.at && sp.to > s.at)) continue; // its process was SIGSTOPped
+    settleMs.push(took);
+    if (took > bound) violate('every-acquire-settles-in-bound', `acquire ${s.op} on ${s.key} settled after ${took.toFixed(0)} ms (bound ${bound} ms)`, { key: s.key, from: s.at, to: end.at + 1 });
+  }
+
+  // ------------------------------------------------------ recovery after the last fault ----
+  const grantsByTime = [...leases.values()].sort((a, b) => a.grantAt - b.grantAt);
+  const firstGrantAfter = (t) => grantsByTime.find((l) => l.startAt >= t)?.grantAt;
+  let finalRecoveryMs = null;
+  counts['recovery-after-last-fault'].checked += 1;
+  if (finalHealAt === null) violate('recovery-after-last-fault', 'the run never healed every fault', null);
+  else {
+    const g = firstGrantAfter(finalHealAt);
+    finalRecoveryMs = g === undefined ? null : g - finalHealAt;
+    if (finalRecoveryMs === null || finalRecoveryMs > run.recoveryBoundMs) {
+      violate('recovery-after-last-fault', `no lease within ${run.recoveryBoundMs} ms after the last fault was healed (${finalRecoveryMs === null ? 'none at all' : `${finalRecoveryMs.toFixed(0)} ms`})`, { from: finalHealAt - 1000, to: finalHealAt + run.recoveryBoundMs });
+    }
+  }
+  const recoveries = {};
+  for (const h of heals) {
+    const g = firstGrantAfter(h.at);
+    if (g === undefined) continue;
+    (recoveries[h.kind] ??= []).push(g - h.at);
+  }
+
+  // ----------------------------------------------------------------- clean exits ----
+  for (const x of exits) {
+    if (x.killedByNemesis) continue;
+    counts['clean-exits-no-keys-left'].checked += 1;
+    const sd = shutdowns.find((s) => s.p === x.p && s.inc === x.inc);
+    if (!sd || !sd.ok || x.code !== 0) {
+      violate('clean-exits-no-keys-left', `process ${x.p}.${x.inc} ended with code ${x.code ?? x.signal}${sd ? (sd.ok ? '' : `, shutdown rejected ${sd.err?.code}`) : ', no shutdown recorded'}${x.forced ? ' (did not exit on its own)' : ''}`, { p: x.p, from: x.at - 5000, to: x.at + 1 });
+    }
+  }
+  counts['clean-exits-no-keys-left'].checked += 1;
+  if (lockKeysLeft !== 0) violate('clean-exits-no-keys-left', `${lockKeysLeft ?? 'unknown'} lock keys left in Redis after every process shut down`, null);
+
+  // ------------------------------------------------------ only the contract's codes ----
+  const codes = {};
+  for (const { call, e } of errors) {
+    counts['only-contract-error-codes'].checked += 1;
+    const code = e.err?.code;
+    const tag = `${call}:${code ?? e.err?.name}`;
+    codes[tag] = (codes[tag] ?? 0) + 1;
+    const allowed = ALLOWED[call].has(code) || (call === 'acquire' && code === 'SHUT_DOWN' && e.stopping);
+    const shaped = !REDIS_CAUSE.has(code) || e.err?.cause?.plugin === 'dokebi-redis';
+    if (!e.err?.lockError || !allowed || !shaped) {
+      violate('only-contract-error-codes', `${call} rejected with ${code ?? e.err?.name}${e.err?.lockError ? '' : ' (not a LockError)'}${shaped ? '' : ' without a dokebi-redis cause'}`, { p: e.p, from: e.at - 300, to: e.at + 1 });
+    }
+  }
+
+  // ----------------------------------------- no lease lost after an announced switch ----
+  if (run.mode === 'sentinel') {
+    for (const l of leases.values()) {
+      // The latest switch announced before this acquire started, if it started well after it.
+      const s = switches.findLast((x) => x.at < l.startAt);
+      if (!s || l.startAt - s.at <= run.switchToleranceMs || l.startAt - s.at > 15_000) continue;
+      counts['no-lease-lost-after-announced-switch'].checked += 1;
+      if (!l.lost) continue;
+      if (lossBetween(l.startAt, l.end + 1000)) { counts['no-lease-lost-after-announced-switch'].documented += 1; continue; }
+      violate('no-lease-lost-after-announced-switch', `lease ${l.op} on ${l.key} (fence ${l.fence}) started ${(l.startAt - s.at).toFixed(0)} ms after Sentinel ${s.by[0]} announced the switch ${s.from}→${s.to}, and was lost: ${l.lost.how}`, { key: l.key, from: s.at - 100, to: l.grantAt + 1 });
+    }
+  }
+
+  const lost = [...leases.values()].filter((l) => l.lost);
+  const faultsByKind = {};
+  for (const f of faults) faultsByKind[f.kind] = (faultsByKind[f.kind] ?? 0) + 1;
+  const stats = {
+    acquisitions: { started: starts.size, granted: leases.size, failed: [...ends.values()].filter((e) => e.k === 'acq-fail').length },
+    errorCodes: codes,
+    writes: { sent: writes.length, accepted: writes.filter((w) => w.ok).length, staleWritersCaught: staleCaught, refusedWhileValid },
+    leasesLost: { total: lost.length },
+    faultsByKind,
+    switches: switches.length,
+    switchAnnouncementSpreadMs: spreadOf(announcements, switches),
+    settleMs: summary(settleMs),
+    acquireBoundMs: bound,
+    finalRecoveryMs,
+    recoveryAfterHealMs: Object.fromEntries(Object.entries(recoveries).map(([k, v]) => [k, summary(v)])),
+  };
+  stats.leasesLost.byHow = countBy(lost, (l) => l.lost.how.replace(/[\d.]+/g, 'N').replace(/lease \S+/g, 'lease X'));
+  return { ok: violations.length === 0, counts, violations, stats, events };
+}
+
+function countBy(items, f) {
+  const out = {};
+  for (const x of items) { const k = f(x); out[k] = (out[k] ?? 0) + 1; }
+  return out;
+}
+
+function spreadOf(announcements, switches) {
+  // How long after the first Sentinel the last one announced each switch: the window
+  // a driver listening to only one Sentinel can lose.
+  const spreads = switches.map((s) => {
+    const same = announcements.filter((a) => a.from === s.from && a.to === s.to && a.at >= s.at && a.at - s.at < 10_000);
+    return Math.max(...same.map((a) => a.at)) - s.at;
+  });
+  return summary(spreads);
+}
+
+export function summary(values) {
+  if (values.length === 0) return { n: 0 };
+  const v = [...values].sort((a, b) => a - b);
+  const at = (p) => v[Math.min(v.length - 1, Math.max(0, Math.ceil((p / 100) * v.length) - 1))];
+  const r = (x) => Number(x.toFixed(1));
+  return { n: v.length, p50: r(at(50)), p95: r(at(95)), p99: r(at(99)), max: r(v.at(-1)) };
+}
+
+/** The events around a violation, for the report: same key (or process) and time span. */
+export function excerpt(events, around, limit = 14) {
+  if (!around) return [];
+  const pad = 50;
+  const pick = events.filter((e) => e.at >= around.from - pad && e.at <= around.to + pad
+    && (around.key === undefined || e.key === around.key || e.key === undefined)
+    && (around.p === undefined || e.p === around.p || e.p === undefined));
+  const interesting = pick.filter((e) => e.k !== 'store');
+  if (interesting.length <= limit) return interesting;
+  const keep = interesting.filter((e) => ['grant', 'release', 'fault', 'heal', 'announce', 'renew'].includes(e.k));
+  return (keep.length <= limit ? keep : [...keep.slice(0, limit / 2), ...keep.slice(-limit / 2)]);
+}
+
+export function formatEvent(e, t0) {
+  const { k, at, ...rest } = e;
+  const fields = Object.entries(rest).filter(([f, v]) => v !== undefined && !['inc'].includes(f))
+    .map(([f, v]) => {
+      if (f.endsWith('At') && typeof v === 'number') return `${f}=+${(v - t0).toFixed(1)}`; // same clock as `at`
+      return `${f}=${typeof v === 'object' ? JSON.stringify(v) : typeof v === 'number' ? Number(v.toFixed(1)) : v}`;
+    });
+  return `  +${(at - t0).toFixed(1).padStart(9)} ms  ${k.padEnd(12)} ${fields.join(' ')}`;
+}

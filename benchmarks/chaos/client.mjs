@@ -1,0 +1,142 @@
+// One chaos client process: ONE driver (createRedisLockDriver) and several workers that
+// contend on a few keys and write through the coordinator's fenced store (over IPC).
+// Everything it sees goes to the coordinator as history events stamped on this process's
+// clock (CLOCK_MONOTONIC, shared by every process on the host: decision 0056).
+//
+// Started by run.mjs with fork(); its options come in CHAOS_CLIENT (JSON).
+
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createRequire } from 'node:module';
+import { now, rng } from './prng.mjs';
+
+const require = createRequire(import.meta.url);
+const { createRedisLockDriver } = require('../../index.js');
+
+const cfg = JSON.parse(process.env.CHAOS_CLIENT);
+const { proc, incarnation, workers, keys, leaseMs, waitTimeoutMs, seed } = cfg;
+
+let seq = 0;
+const send = (ev) => {
+  // A killed coordinator, or one that already said stop and left: nothing to report to.
+  if (process.connected) process.send({ t: 'ev', ev: { ...ev, p: proc, inc: incarnation } });
+};
+
+// The fenced store lives in the coordinator; a write is a round trip over IPC.
+const pendingWrites = new Map();
+function storeWrite(key, fence, lease) {
+  const id = ++seq;
+  return new Promise((resolve) => {
+    pendingWrites.set(id, resolve);
+    process.send({ t: 'write', id, key, fence, lease, p: proc, inc: incarnation, sentAt: now() });
+  });
+}
+
+let stopping = false;
+let finished = false;
+// The coordinator died (killed, crashed): nobody will say stop, and nobody records anything.
+process.on('disconnect', () => { if (!finished) process.exit(2); });
+let stopped;
+const stopRequested = new Promise((resolve) => { stopped = resolve; });
+process.on('message', (msg) => {
+  if (msg.t === 'ack') {
+    pendingWrites.get(msg.id)?.(msg.ok);
+    pendingWrites.delete(msg.id);
+  } else if (msg.t === 'stop') {
+    stopping = true;
+    stopped();
+  }
+});
+
+// Error codes come with the cause's structure, never its message (which is ours anyway,
+// but the checker needs only the classification).
+const describe = (err) => ({
+  code: err?.code ?? null,
+  name: err?.name ?? typeof err,
+  cause: err?.cause && typeof err.cause === 'object'
+    ? { plugin: err.cause.plugin, code: err.cause.code, outcome: err.cause.outcome, serverCode: err.cause.serverCode }
+    : undefined,
+  lockError: err?.constructor?.name === 'LockError',
+});
+
+const driver = createRedisLockDriver(
+  { url: cfg.url, connectTimeoutMs: cfg.connectTimeoutMs, commandTimeoutMs: cfg.commandTimeoutMs },
+  {
+    driver: 'redis', connection: 'main', namespace: cfg.namespace, leaseMs, waitTimeoutMs,
+    minReplicas: cfg.minReplicas, replicaTimeoutMs: cfg.replicaTimeoutMs, shutdownTimeoutMs: 5000,
+  },
+  // The driver's warnings and errors join the history (their code and reason only), so a
+  // stretch without leases can be told apart from a cluster without a primary.
+  {
+    warn: (fields) => send({ k: 'log', level: 'warn', at: now(), code: fields?.code, reason: fields?.reason }),
+    error: (fields) => send({ k: 'log', level: 'error', at: now(), code: fields?.code, reason: fields?.reason }),
+  },
+);
+
+async function worker(w) {
+  const r = rng(seed, 1000 + proc, incarnation, w);
+  while (!stopping) {
+    const key = r.pick(keys);
+    const op = `${proc}.${incarnation}.${w}.${++seq}`;
+    const startAt = now();
+    send({ k: 'acq-start', op, key, w, at: startAt });
+    let lease;
+    try {
+      lease = await driver.acquire(key, { waitTimeoutMs });
+    } catch (err) {
+      send({ k: 'acq-fail', op, key, w, at: now(), startAt, err: describe(err), stopping });
+      await sleep(r.int(5, 50));
+      continue;
+    }
+    const grantAt = now();
+    send({ k: 'grant', op, key, w, at: grantAt, startAt, fence: lease.fence, expiresAt: grantAt + lease.remainingMs });
+
+    // First write at once, then hold. Now and then a worker overruns its lease (a long GC
+    // pause, a slow call) and writes anyway: those are the stale writers the fence must stop.
+    const overrun = r.chance(0.08);
+    const holdMs = overrun ? r.int(leaseMs, leaseMs * 2) : r.int(0, Math.floor(leaseMs * 0.4));
+    const ok1 = await storeWrite(key, lease.fence, op);
+    send({ k: 'write', op, key, at: now(), ok: ok1, validBefore: lease.valid });
+    await sleep(holdMs);
+    if (!overrun && r.chance(0.25) && lease.valid) {
+      const at = now();
+      try {
+        await lease.renew();
+        send({ k: 'renew', op, key, at, endAt: now(), ok: true, expiresAt: now() + lease.remainingMs });
+      } catch (err) {
+        send({ k: 'renew', op, key, at, endAt: now(), ok: false, err: describe(err), valid: lease.valid, expiresAt: now() + lease.remainingMs });
+      }
+      await sleep(r.int(0, Math.floor(leaseMs * 0.2)));
+    }
+    const validBefore = lease.valid;
+    const ok2 = await storeWrite(key, lease.fence, op);
+    send({ k: 'write', op, key, at: now(), ok: ok2, validBefore });
+    const relAt = now();
+    const validAtRelease = lease.valid;
+    // Sent before the call: a process killed while its release is in flight has still ended
+    // the lease here, and Redis may run that release after the process died.
+    send({ k: 'release-call', op, key, at: relAt });
+    try {
+      const released = await lease.release();
+      send({ k: 'release', op, key, at: relAt, endAt: now(), ok: true, released, validBefore: validAtRelease });
+    } catch (err) {
+      send({ k: 'release', op, key, at: relAt, endAt: now(), ok: false, err: describe(err), validBefore: validAtRelease });
+    }
+    await sleep(r.int(0, 30));
+  }
+}
+
+const running = Array.from({ length: workers }, (_, w) => worker(w));
+send({ k: 'proc-start', at: now(), pid: process.pid });
+await stopRequested;
+await Promise.all(running);
+const shutdownAt = now();
+try {
+  await driver.shutdown();
+  send({ k: 'shutdown', at: shutdownAt, endAt: now(), ok: true });
+} catch (err) {
+  send({ k: 'shutdown', at: shutdownAt, endAt: now(), ok: false, err: describe(err) });
+}
+// Leave the IPC channel so that nothing but the driver could keep this process alive: the
+// coordinator checks that it then exits on its own, with code 0.
+finished = true;
+process.disconnect();

@@ -1,0 +1,261 @@
+// The nemesis: injects random, overlapping faults from a seeded stream and heals them.
+// Every fault and heal is recorded in the history with the coordinator's clock.
+//
+// Overlap is the point, with two limits that keep a run inside what README promises: one
+// fault that moves or replaces the primary at a time (a failover, a killed or stopped
+// primary), started only when the cluster is whole again (every Sentinel names the same
+// primary, which has both replicas online), so a run measures the driver and not a
+// cluster that can no longer elect anyone; and, under Sentinel, at most one Sentinel cut
+// off from the clients at a time (a driver that hears no Sentinel cannot follow: README
+// "Without announcements").
+
+import { setTimeout as sleep } from 'node:timers/promises';
+import { admin, MASTER } from './cluster.mjs';
+import { now } from './prng.mjs';
+
+const WEIGHTS = {
+  standalone: {
+    'server-kill': 2, 'server-stop': 2, 'client-kill': 2, 'debug-sleep': 2, oom: 2,
+    'proc-stop': 2, 'proc-kill': 2, 'net-cut': 2, 'net-stall': 2, 'net-latency': 1,
+  },
+  sentinel: {
+    failover: 2, 'primary-kill': 2, 'primary-kill-lagging': 1, 'primary-stop': 2,
+    'client-kill': 2, 'debug-sleep': 2, oom: 2, 'proc-stop': 2, 'proc-kill': 2,
+    'net-cut': 1, 'net-stall': 1,
+  },
+};
+const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kill', 'primary-kill-lagging', 'primary-stop']);
+
+/**
+ * @param {object} o
+ * @param {object} o.cluster from cluster.mjs
+ * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel
+ * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p) }
+ * @param {(ev: object) => void} o.record
+ * @param {ReturnType<import('./prng.mjs').rng>} o.r
+ */
+export function createNemesis({ cluster, proxies, clients, record, r }) {
+  const mode = cluster.mode;
+  const active = new Map(); // id → { kind, target, heal }
+  let nextId = 0;
+  let topologyBusy = false;
+  const busyProcs = new Set();
+  const busyProxies = new Set();
+  const pending = new Set();
+  const track = (p) => { pending.add(p); p.finally(() => pending.delete(p)); return p; };
+
+  function begin(kind, target, extra = {}) {
+    const id = ++nextId;
+    record({ k: 'fault', id, kind, target, at: now(), ...extra });
+    return id;
+  }
+  function end(id, kind, target) {
+    active.delete(id);
+    record({ k: 'heal', id, kind, target, at: now() });
+  }
+  // A fault healed after `ms`, or earlier by healAll().
+  function timed(kind, target, ms, heal, extra) {
+    const id = begin(kind, target, extra);
+    let done = false;
+    const finish = async () => {
+      if (done) return;
+      done = true;
+      try { await heal(); } catch { /* e.g. the node was killed meanwhile; healAll retries health */ }
+      end(id, kind, target);
+    };
+    active.set(id, { kind, target, finish });
+    track(sleep(ms).then(finish));
+    return id;
+  }
+  const safe = (p) => p.catch(() => {});
+
+  // After a topology fault: busy until healed and the cluster is whole again (bounded).
+  function topology(work) {
+    topologyBusy = true;
+    track((async () => {
+      try { await work(); } catch { /* recorded by the heal */ }
+      const deadline = Date.now() + 30_000;
+      while (Date.now() < deadline) {
+        try { if (await cluster.healthy()) break; } catch { /* not yet */ }
+        await sleep(100);
+      }
+      topologyBusy = false;
+    })());
+  }
+
+  async function inject(kind) {
+    const primary = await cluster.primary();
+    switch (kind) {
+      case 'server-kill': {
+        if (topologyBusy) return false;
+        const node = primary;
+        topology(async () => {
+          const id = begin(kind, node.port);
+          await node.kill();
+          await sleep(r.int(100, 1500));
+          await node.restart();
+          end(id, kind, node.port);
+        });
+        return true;
+      }
+      case 'server-stop':
+      case 'primary-stop': {
+        if (topologyBusy || !primary) return false;
+        const node = primary;
+        const ms = r.int(200, mode === 'sentinel' ? 2500 : 1500);
+        topology(async () => {
+          await node.pause();
+          await new Promise((resolve) => timed(kind, node.port, ms, async () => { try { await node.resume(); } finally { resolve(); } }));
+        });
+        return true;
+      }
+      case 'failover': {
+        if (topologyBusy || !(await safe(cluster.healthy()).then((h) => h))) return false;
+        const s = r.int(0, cluster.sentinels.length - 1);
+        topology(async () => {
+          const id = begin(kind, s);
+          try {
+            await admin(cluster.sentinels[s].port, ['SENTINEL', 'FAILOVER', MASTER], 2000);
+          } catch (err) {
+            record({ k: 'fault-refused', id, kind, at: now(), message: String(err?.message ?? err) });
+          } finally {
+            end(id, kind, s);
+          }
+        });
+        return true;
+      }
+      case 'primary-kill':
+      case 'primary-kill-lagging': {
+        if (topologyBusy || !primary || !(await safe(cluster.healthy()).then((h) => h))) return false;
+        const node = primary;
+        const replicas = cluster.nodes.filter((n) => n !== node);
+        const downMs = r.int(300, 3000);
+        const lagMs = r.int(100, 400);
+        topology(async () => {
+          const id = begin(kind, node.port, { downMs, lagMs: kind === 'primary-kill-lagging' ? lagMs : undefined });
+          if (kind === 'primary-kill-lagging') {
+            // The replicas fall behind while writes go on, then the primary dies.
+            for (const rep of replicas) await safe(rep.pause());
+            await sleep(lagMs);
+            await node.kill();
+            await sleep(50);
+            for (const rep of replicas) await safe(rep.resume());
+          } else {
+            await node.kill();
+          }
+          await sleep(downMs);
+          await node.restart();
+          end(id, kind, node.port);
+        });
+        return true;
+      }
+      case 'client-kill': {
+        if (!primary) return false;
+        const type = r.pick(['normal', 'pubsub']);
+        const id = begin(kind, primary.port, { type });
+        await safe(admin(primary.port, ['CLIENT', 'KILL', 'TYPE', type], 1000));
+        end(id, kind, primary.port);
+        return true;
+      }
+      case 'debug-sleep': {
+        if (!primary) return false;
+        const seconds = r.int(1, mode === 'sentinel' ? 6 : 12) / 10;
+        const id = begin(kind, primary.port, { seconds });
+        track(safe(admin(primary.port, ['DEBUG', 'SLEEP', String(seconds)], seconds * 1000 + 3000)).then(() => end(id, kind, primary.port)));
+        return true;
+      }
+      case 'oom': {
+        if (!primary) return false;
+        const node = primary;
+        const port = node.port;
+        await safe(admin(port, ['CONFIG', 'SET', 'maxmemory', '1'], 1000));
+        timed(kind, port, r.int(200, 1500), () => admin(port, ['CONFIG', 'SET', 'maxmemory', '0'], 1000));
+        return true;
+      }
+      case 'proc-stop':
+      case 'proc-kill': {
+        const free = [...Array(clients.count).keys()].filter((p) => !busyProcs.has(p) && clients.pid(p));
+        if (free.length <= 1) return false; // someone must keep working
+        const p = r.pick(free);
+        busyProcs.add(p);
+        const inc = clients.incarnation(p);
+        if (kind === 'proc-stop') {
+          const pid = clients.pid(p);
+          process.kill(pid, 'SIGSTOP');
+          timed(kind, p, r.int(200, 2500), async () => {
+            try { process.kill(pid, 'SIGCONT'); } finally { busyProcs.delete(p); }
+          }, { inc });
+        } else {
+          const id = begin(kind, p, { inc });
+          clients.kill(p);
+          track((async () => {
+            await sleep(r.int(100, 1000));
+            await clients.restart(p);
+            busyProcs.delete(p);
+            end(id, kind, p);
+          })());
+        }
+        return true;
+      }
+      case 'net-cut':
+      case 'net-stall':
+      case 'net-latency': {
+        const free = [...proxies.keys()].filter((i) => !busyProxies.has(i));
+        // Under Sentinel the proxies stand before the Sentinels: one at a time (see above).
+        if (free.length === 0 || (mode === 'sentinel' && busyProxies.size > 0)) return false;
+        const i = r.pick(free);
+        const proxy = proxies[i];
+        busyProxies.add(i);
+        const ms = kind === 'net-latency' ? r.int(500, 2000) : r.int(200, 1500);
+        if (kind === 'net-cut') {
+          proxy.refuse();
+          proxy.killAll({ reset: true });
+          timed(kind, i, ms, () => { proxy.accept(); busyProxies.delete(i); });
+        } else if (kind === 'net-stall') {
+          const drop = r.chance(0.3);
+          proxy.stallAfterWrite({ drop });
+          // Bytes lost from a live TCP stream cannot happen: a dropping stall (a black hole)
+          // ends with its connections reset, as TCP would end them. Releasing them instead
+          // would pair later replies with earlier commands (CHAOS.md, the first long run).
+          timed(kind, i, ms, () => {
+            if (drop) proxy.killAll({ reset: true });
+            proxy.release();
+            busyProxies.delete(i);
+          }, { drop });
+        } else {
+          const latency = r.int(20, 150);
+          proxy.latency(latency);
+          timed(kind, i, ms, () => { proxy.latency(0); busyProxies.delete(i); }, { latency });
+        }
+        return true;
+      }
+      default:
+        throw new Error(`unknown fault ${kind}`);
+    }
+  }
+
+  return {
+    /** Injects faults until `untilAt` (ms, CLOCK_MONOTONIC). */
+    async run(untilAt) {
+      while (now() < untilAt) {
+        await sleep(r.int(150, 1200));
+        if (now() >= untilAt) break;
+        const kind = r.weighted(WEIGHTS[mode]);
+        if (TOPOLOGY.has(kind) && topologyBusy) continue;
+        try { await inject(kind); } catch (err) { record({ k: 'nemesis-error', kind, at: now(), message: String(err?.message ?? err) }); }
+      }
+    },
+    /** Heals every fault now, waits for the pending ones, then for a whole cluster. */
+    async healAll() {
+      for (const a of [...active.values()]) await a.finish();
+      while (pending.size) await Promise.allSettled([...pending]);
+      const deadline = Date.now() + 60_000;
+      for (const n of cluster.nodes) await safe(admin(n.port, ['CONFIG', 'SET', 'maxmemory', '0'], 1000));
+      while (!(await safe(cluster.healthy()).then((h) => h))) {
+        if (Date.now() > deadline) throw new Error('the cluster did not become whole within 60 s after the last fault');
+        await sleep(100);
+      }
+      record({ k: 'healed-all', at: now() });
+    },
+  };
+}

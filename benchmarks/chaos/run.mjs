@@ -1,0 +1,265 @@
+// npm run chaos -- --seconds N --seed S --mode sentinel|standalone --min-replicas N
+//
+// A seeded, time-bounded chaos run (issue 16): throwaway servers, several client processes
+// each with one driver and several workers contending on a few keys through a fenced store
+// held here, a nemesis injecting overlapping faults, and a checker over the whole recorded
+// history. Prints a summary; a failing run prints its seed and the history around each
+// violation, and exits 1. docs/CHAOS.md has the figures and what they mean.
+
+import { fork, execFileSync } from 'node:child_process';
+import { writeFileSync, existsSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { parseOptions, root } from '../lib.mjs';
+import { startProxy } from '../../__test__/helpers/proxy.mjs';
+import { encode, parseReply } from '../../__test__/helpers/redis.mjs';
+import { admin, MASTER, startSentinelCluster, startStandalone } from './cluster.mjs';
+import { check, excerpt, formatEvent, INVARIANTS } from './checker.mjs';
+import { createNemesis } from './nemesis.mjs';
+import { now, rng } from './prng.mjs';
+
+const MUTANT_BUILD = path.join(root, 'target', 'chaos-mutants', 'lock-redis.linux-x64-gnu.node');
+const MUTANTS = ['release-without-owner-check', 'skip-wait', 'counter-restarts'];
+
+const usage = () => {
+  console.log(`usage: npm run chaos -- [--seconds 60] [--seed S] [--mode standalone|sentinel] [--min-replicas N]
+       [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4]
+       [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
+A mutant needs its build first: npm run build:chaos-mutants`);
+  process.exit(0);
+};
+const o = parseOptions(process.argv.slice(2), {
+  seconds: { type: 'string', default: '60' },
+  seed: { type: 'string' },
+  mode: { type: 'string', default: 'standalone' },
+  'min-replicas': { type: 'string' },
+  procs: { type: 'string', default: '4' },
+  workers: { type: 'string', default: '4' },
+  keys: { type: 'string', default: '3' },
+  'lease-ms': { type: 'string', default: '800' },
+  'wait-ms': { type: 'string', default: '2000' },
+  'quiet-seconds': { type: 'string', default: '4' },
+  mutant: { type: 'string' },
+  out: { type: 'string' },
+  history: { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+}, { help: usage });
+
+const int = (name, min) => {
+  const v = Number(o[name]);
+  if (!Number.isInteger(v) || v < min) throw new Error(`--${name} must be an integer ≥ ${min}`);
+  return v;
+};
+if (!['standalone', 'sentinel'].includes(o.mode)) throw new Error('--mode must be standalone or sentinel');
+if (o.mutant !== undefined && !MUTANTS.includes(o.mutant)) throw new Error(`--mutant must be one of ${MUTANTS.join(', ')}`);
+if (o.mutant && !existsSync(MUTANT_BUILD)) throw new Error('--mutant needs the mutant build: npm run build:chaos-mutants');
+const mode = o.mode;
+const seed = o.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : int('seed', 0);
+const minReplicas = o['min-replicas'] === undefined ? (mode === 'sentinel' ? 1 : 0) : int('min-replicas', 0);
+if (mode === 'standalone' && minReplicas > 0) throw new Error('--min-replicas needs --mode sentinel (a standalone server has no replicas)');
+const run = {
+  mode, seed, minReplicas, mutant: o.mutant ?? null,
+  seconds: int('seconds', 1), quietSeconds: int('quiet-seconds', 2),
+  procs: int('procs', 2), workers: int('workers', 1), keys: int('keys', 1),
+  leaseMs: int('lease-ms', 1), waitTimeoutMs: int('wait-ms', 0),
+  replicas: mode === 'sentinel' ? 2 : 0,
+  connectTimeoutMs: 1000, commandTimeoutMs: 1000, replicaTimeoutMs: 500,
+  // Decision 0056: how long after the first Sentinel's announcement an acquire may still
+  // start on the old primary (delivery of the message and the event loops of two processes).
+  switchToleranceMs: 250,
+  settleSlackMs: 1500,
+  recoveryBoundMs: 10_000,
+};
+// The build under test: the commit at the start (the addon was built from it, or from a
+// working tree that `dirty` says differs).
+const commit = (() => { try { return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim(); } catch { return null; } })();
+const dirty = (() => { try { return execFileSync('git', ['status', '--porcelain', '--', 'src', 'Cargo.toml', 'index.js'], { cwd: root, encoding: 'utf8' }).trim() !== ''; } catch { return null; } })();
+const namespace = `chaos-${seed}`;
+const keys = Array.from({ length: run.keys }, (_, i) => `chaos:key:${i}`);
+const r = rng(seed, 0);
+
+const history = [];
+const record = (ev) => history.push(ev);
+const t0 = now();
+const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFixed(1)}s] ${msg}\n`);
+
+// ------------------------------------------------------------------ servers ----
+log(`seed ${seed}, mode ${mode}, minReplicas ${minReplicas}${run.mutant ? `, MUTANT ${run.mutant}` : ''}, ${run.seconds} s`);
+const cluster = mode === 'sentinel' ? await startSentinelCluster() : await startStandalone();
+const proxies = [];
+let url;
+if (mode === 'sentinel') {
+  for (const s of cluster.sentinels) proxies.push(await startProxy(s.port));
+} else {
+  const primary = await cluster.primary();
+  for (let p = 0; p < run.procs; p++) proxies.push(await startProxy(primary.port));
+}
+const urlFor = (p) => {
+  if (mode === 'standalone') return `redis://127.0.0.1:${proxies[p].port}/0`;
+  // Each process lists the Sentinels in its own order, so any of them may be the one a
+  // driver hears first.
+  const order = rng(seed, 500 + p).shuffle(proxies.map((x) => `127.0.0.1:${x.port}`));
+  return `redis-sentinel://${order.join(',')}/0#${MASTER}`;
+};
+
+// The coordinator hears every Sentinel's +switch-master directly (not through the proxies).
+const subscriptions = [];
+if (mode === 'sentinel') {
+  cluster.sentinels.forEach((s, i) => {
+    const socket = net.connect({ host: '127.0.0.1', port: s.port });
+    let buf = Buffer.alloc(0);
+    socket.on('data', (chunk) => {
+      const at = now();
+      buf = Buffer.concat([buf, chunk]);
+      let reply;
+      while ((reply = parseReply(buf))) {
+        buf = buf.subarray(reply[1]);
+        const [kind, channel, payload] = reply[0];
+        if (kind === 'message' && channel === '+switch-master') {
+          const [, , fromPort, , toPort] = payload.split(' ');
+          record({ k: 'announce', at, sentinel: i, from: Number(fromPort), to: Number(toPort) });
+          log(`Sentinel ${i} announced ${fromPort} → ${toPort}`);
+        }
+      }
+    });
+    socket.on('error', () => {});
+    socket.write(encode(['SUBSCRIBE', '+switch-master']));
+    subscriptions.push(socket);
+  });
+  await sleep(100);
+}
+
+// ---------------------------------------------------------------- the store ----
+// Accepts a write only with a fence above the last accepted one for its key (or the same
+// lease writing again): what `UPDATE … WHERE fence < $1` does in README "Limits of fencing".
+const store = new Map();
+function storeWrite(msg) {
+  const fence = BigInt(msg.fence);
+  const last = store.get(msg.key);
+  const ok = !last || fence > last.fence || (fence === last.fence && msg.lease === last.lease);
+  if (ok) store.set(msg.key, { fence, lease: msg.lease });
+  record({ k: 'store', at: now(), key: msg.key, fence: msg.fence, lease: msg.lease, p: msg.p, ok });
+  return ok;
+}
+
+// ------------------------------------------------------------------ clients ----
+const childEnv = { ...process.env };
+delete childEnv.DOKEBI_LOCK_REDIS_CHAOS_MUTANT;
+if (run.mutant) {
+  childEnv.NAPI_RS_NATIVE_LIBRARY_PATH = MUTANT_BUILD;
+  childEnv.DOKEBI_LOCK_REDIS_CHAOS_MUTANT = run.mutant;
+}
+const clients = Array.from({ length: run.procs }, () => ({ child: null, inc: 0, exited: null }));
+const killedByNemesis = new Set();
+function spawnClient(p) {
+  const c = clients[p];
+  c.inc += 1;
+  const inc = c.inc;
+  const cfg = {
+    proc: p, incarnation: inc, workers: run.workers, keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs,
+    seed, url: urlFor(p), namespace, minReplicas: run.minReplicas, replicaTimeoutMs: run.replicaTimeoutMs,
+    connectTimeoutMs: run.connectTimeoutMs, commandTimeoutMs: run.commandTimeoutMs,
+  };
+  const child = fork(path.join(import.meta.dirname, 'client.mjs'), [], {
+    env: { ...childEnv, CHAOS_CLIENT: JSON.stringify(cfg) }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  c.child = child;
+  c.exited = new Promise((resolve) => child.once('exit', (code, signal) => {
+    record({ k: 'exit', at: now(), p, inc, code, signal, killedByNemesis: killedByNemesis.has(`${p}.${inc}`), forced: c.forced === inc });
+    if (c.child === child) c.child = null;
+    resolve();
+  }));
+  child.on('message', (msg) => {
+    if (msg.t === 'ev') record(msg.ev);
+    else if (msg.t === 'write') {
+      const ok = storeWrite(msg);
+      if (child.connected) child.send({ t: 'ack', id: msg.id, ok });
+    }
+  });
+  child.on('error', () => {});
+}
+for (let p = 0; p < run.procs; p++) spawnClient(p);
+
+const nemesis = createNemesis({
+  cluster, proxies, record, r,
+  clients: {
+    count: run.procs,
+    pid: (p) => clients[p].child?.pid ?? null,
+    incarnation: (p) => clients[p].inc,
+    kill: (p) => {
+      killedByNemesis.add(`${p}.${clients[p].inc}`);
+      clients[p].child?.kill('SIGKILL');
+    },
+    restart: async (p) => {
+      await clients[p].exited;
+      spawnClient(p);
+    },
+  },
+});
+
+// ---------------------------------------------------------------- the run ----
+await sleep(500);
+log('nemesis on');
+await nemesis.run(now() + run.seconds * 1000);
+log('nemesis off: healing every fault');
+await nemesis.healAll();
+log(`healed; ${run.quietSeconds} s without faults`);
+await sleep(run.quietSeconds * 1000);
+
+log('stopping the clients');
+const stopBy = run.waitTimeoutMs + run.commandTimeoutMs * 2 + run.replicaTimeoutMs + 10_000;
+await Promise.all(clients.map(async (c, p) => {
+  if (!c.child) return;
+  c.child.send({ t: 'stop' });
+  const t = setTimeout(() => { c.forced = c.inc; c.child?.kill('SIGKILL'); }, stopBy);
+  await c.exited;
+  clearTimeout(t);
+}));
+const primary = await cluster.primary();
+let left = null;
+try {
+  left = (await admin(primary.port, ['KEYS', `${namespace}:lock:*`], 2000)).length;
+} catch (err) {
+  log(`could not count the lock keys: ${err.message}`);
+}
+record({ k: 'lock-keys-left', at: now(), count: left });
+
+for (const s of subscriptions) s.destroy();
+for (const x of proxies) await x.close();
+await cluster.stop();
+
+// -------------------------------------------------------------- the verdict ----
+const verdict = check(history, run);
+const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
+const summary = {
+  command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`,
+  seed, mode, minReplicas, mutant: run.mutant, seconds: run.seconds,
+  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs },
+  result: verdict.ok ? 'pass' : 'fail',
+  invariants: verdict.counts,
+  ...verdict.stats,
+  violationsByInvariant: Object.fromEntries(INVARIANTS.map((n) => [n, verdict.counts[n].violations])),
+  firstViolations: verdict.violations.slice(0, 10).map((v) => ({ invariant: v.invariant, detail: v.detail })),
+  machine: { cpus: os.cpus().length, model: os.cpus()[0]?.model, node: process.version, redis: redisVersion, commit, dirty, date: new Date().toISOString() },
+};
+if (o.out) writeFileSync(o.out, JSON.stringify(summary, null, 2) + '\n');
+if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_, v) => (typeof v === 'bigint' ? String(v) : v))).join('\n') + '\n');
+
+console.log(JSON.stringify(summary, null, 2));
+if (!verdict.ok) {
+  const shown = new Map();
+  console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
+  for (const v of verdict.violations) {
+    const n = shown.get(v.invariant) ?? 0;
+    shown.set(v.invariant, n + 1);
+    if (n >= 2) continue;
+    console.log(`\n✗ ${v.invariant}: ${v.detail}`);
+    for (const e of excerpt(verdict.events, v.around)) console.log(formatEvent(e, t0));
+  }
+  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.mutant ? ` --mutant ${run.mutant}` : ''}`);
+  process.exitCode = 1;
+} else {
+  console.log(`\nPASSED: seed ${seed}, every invariant held.`);
+}
