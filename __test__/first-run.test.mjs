@@ -45,9 +45,11 @@ function redisServersOn(port) {
   if (!existsSync('/proc/self/cmdline')) return []
   return readdirSync('/proc').filter((d) => /^\d+$/.test(d)).filter((pid) => {
     try {
-      // redis-server rewrites its title to `redis-server 127.0.0.1:<port>`.
+      // redis-server rewrites its title to `redis-server 127.0.0.1:<port>` (Valkey's says
+      // valkey-server); one run through another root's ld.so keeps its arguments instead.
       const cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ')
-      return new RegExp(`redis-server\\S* \\S*:${port}\\b`).test(cmdline)
+      return /(redis|valkey)-server/.test(cmdline) &&
+        new RegExp(`(:|--port )${port}\\b`).test(cmdline)
     } catch {
       return false
     }
