@@ -22,6 +22,10 @@ pub use url::{is_sentinel_url, SentinelUrl, SENTINEL_PORT};
 
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 
+/// How long a primary whose failover began is left alone without a `+switch-master` or an
+/// abort: longer than the second the switch takes to be announced, shorter than a lease.
+const FAILOVER_HOLD: Duration = Duration::from_secs(3);
+
 pub struct Sentinel {
     url: SentinelUrl,
     /// One client per Sentinel, in the listed order, with the Sentinel credentials.
@@ -47,6 +51,8 @@ struct Known {
     address: Option<String>,
     /// The epoch a `+switch-master` (or the watcher's own question) started with `address`.
     announced_in: Option<u64>,
+    /// When a Sentinel said it is promoting a replica of `address` (decision 0051).
+    failover_began: Option<Instant>,
 }
 
 impl Known {
@@ -244,7 +250,8 @@ impl Sentinel {
             known.address.get_or_insert_with(|| address.to_owned());
             return Some(began);
         }
-        *known = Known { address: Some(address.to_owned()), announced_in: None };
+        *known =
+            Known { address: Some(address.to_owned()), announced_in: None, failover_began: None };
         Some(self.bump())
     }
 
@@ -260,7 +267,8 @@ impl Sentinel {
             Some(at) if at != from => return false,
             _ => self.bump(),
         };
-        *known = Known { address: Some(to.to_owned()), announced_in: Some(epoch) };
+        *known =
+            Known { address: Some(to.to_owned()), announced_in: Some(epoch), failover_began: None };
         true
     }
 
@@ -272,8 +280,51 @@ impl Sentinel {
         let mut known = self.confirmed();
         if known.address.as_deref() != Some(now_at) {
             let epoch = self.bump();
-            *known = Known { address: Some(now_at.to_owned()), announced_in: Some(epoch) };
+            *known = Known {
+                address: Some(now_at.to_owned()),
+                announced_in: Some(epoch),
+                failover_began: None,
+            };
         }
+    }
+
+    /// The leading Sentinel is about to send SLAVEOF NO ONE to a replica of `primary`
+    /// (`+failover-state-send-slaveof-noone`): from now on its WAIT may be acknowledged by a
+    /// replica that will follow the new primary, so no new command goes to it (decision 0051).
+    fn failover_begins(&self, primary: &str) {
+        let mut known = self.confirmed();
+        let holding = known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD);
+        if known.address.as_deref() == Some(primary) && !holding {
+            known.failover_began = Some(Instant::now());
+        }
+    }
+
+    /// The failover of `primary` was aborted: it stays the primary.
+    fn failover_aborted(&self, primary: &str) {
+        let mut known = self.confirmed();
+        if known.address.as_deref() == Some(primary) {
+            known.failover_began = None;
+        }
+    }
+
+    /// Whether a connection of `epoch` opened at `opened` is held back by a failover in
+    /// progress: every connection during the hold; after it, those opened before it began
+    /// (the Sentinels are asked afresh, as after a lost connection).
+    pub fn holds(&self, epoch: u64, opened: Instant) -> bool {
+        let known = self.confirmed();
+        match known.failover_began {
+            Some(began) if self.epoch() == epoch => {
+                began.elapsed() < FAILOVER_HOLD || opened <= began
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `address` is the primary a failover in progress is leaving: not connected to.
+    pub fn is_held(&self, address: &str) -> bool {
+        let known = self.confirmed();
+        known.address.as_deref() == Some(address)
+            && known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD)
     }
 
     fn bump(&self) -> u64 {
@@ -334,6 +385,16 @@ pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), Red
             "the node Sentinel named is not a primary (yet)",
         ))
     }
+}
+
+/// A failover is moving the primary away from the node a connection is to: nothing was
+/// sent, and a waiting acquire rides it out like a primary that is not one (yet).
+pub fn failover_in_progress() -> RedisFailure {
+    RedisFailure::new(
+        RedisErrorCode::ConnectionFailed,
+        Outcome::NotSubmitted,
+        "Sentinel is failing the primary over",
+    )
 }
 
 /// Sleeps `delay` unless `stop` fires first; false when stopped.
