@@ -829,7 +829,7 @@ async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
     let d = driver(common::url(&sentinel_url(&[&first, &second])), "watch", &[]);
     let lease = acquire(&d, "k", 0).await.unwrap();
     assert!(d.release(&lease).await.unwrap());
-    let subscribed = |sentinel: &Sentinel| subscriptions(&sentinel) > 0;
+    let subscribed = |sentinel: &Sentinel| subscriptions(sentinel) > 0;
     eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first))
         .await;
 
