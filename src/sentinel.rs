@@ -4,7 +4,9 @@
 //! the connection that then carries the commands (`connection.rs`). Every change of primary
 //! (the first `+switch-master` heard from any Sentinel, or a new address found when
 //! reconnecting) bumps an epoch: a command connection of an older epoch is not used for another command,
-//! and the release-notification subscription moves to the new primary.
+//! and the release-notification subscription moves to the new primary. Before that, from
+//! the moment the leading Sentinel begins promoting a replica, the primary is held: no new
+//! command goes to it (decision 0051).
 
 mod url;
 mod watcher;
@@ -439,6 +441,23 @@ mod tests {
         assert!(!s.switched_from("p:1", "x:1"), "left to the Sentinels to settle");
         assert_eq!(s.epoch(), 2);
         assert_eq!(s.confirmed().announced_now(2).as_deref(), Some("y:1"));
+    }
+
+    #[test]
+    fn a_failover_of_the_known_primary_holds_it_until_the_switch_or_an_abort() {
+        let s = sentinel();
+        s.confirm(0, "p:1");
+        let opened = Instant::now();
+        s.failover_begins("other:1");
+        assert!(!s.holds(0, opened) && !s.is_held("p:1"), "another primary's failover");
+        s.failover_begins("p:1");
+        assert!(s.holds(0, opened) && s.is_held("p:1"));
+        assert!(s.holds(0, Instant::now()), "no connection of the held primary is used");
+        s.failover_aborted("p:1");
+        assert!(!s.holds(0, opened) && !s.is_held("p:1"));
+        s.failover_begins("p:1");
+        assert!(s.switched_from("p:1", "x:1"));
+        assert!(!s.holds(1, Instant::now()) && !s.is_held("x:1"), "the switch ends the hold");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! earlier: so every Sentinel is listened to, and whichever announces first is followed
 //! (decision 0050). Each Sentinel has its own subscription and backoff; after every
 //! (re)subscription the primary is asked again, since a switch announced while that
-//! subscription was down may have gone unheard.
+//! subscription was down may have gone unheard. The same subscription also hears the
+//! leader begin a failover (and abort it), which holds the old primary (decision 0051).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
