@@ -31,6 +31,9 @@ pub struct Conn {
     /// Set by redis-rs (a RESP3 push) when the connection closed, so no command is handed
     /// to a dead connection: that one would fail as "outcome unknown" (decision 0013).
     closed: Arc<AtomicBool>,
+    /// When it was opened: one opened before a failover began is not used after it
+    /// (decision 0051).
+    opened: Instant,
 }
 
 impl Conn {
@@ -243,7 +246,13 @@ impl RedisLink {
     /// Closed, or connected to a node that is no longer the primary: nothing more is sent
     /// on it.
     fn is_stale(&self, conn: &Conn) -> bool {
-        conn.is_closed() || conn.epoch != self.epoch()
+        conn.is_closed()
+            || match &self.target {
+                Target::Sentinel(sentinel) => {
+                    conn.epoch != sentinel.epoch() || sentinel.holds(conn.epoch, conn.opened)
+                }
+                Target::Fixed(_) => false,
+            }
     }
 
     /// Changes of primary (Sentinel): the subscription follows them. None without Sentinel.
@@ -308,6 +317,7 @@ impl RedisLink {
     }
 
     async fn open(self: Arc<Self>, generation: u64) -> Result<Conn, RedisFailure> {
+        let opened = Instant::now();
         let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
             match (&self.target, &self.cluster) {
@@ -339,7 +349,7 @@ impl RedisLink {
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
             tokio::spawn(check_eviction_policy(self.clone(), inner.clone()));
         }
-        Ok(Conn { inner, generation, epoch, closed })
+        Ok(Conn { inner, generation, epoch, closed, opened })
     }
 
     /// The primary Sentinel names, confirmed by ROLE on the connection that will carry the
@@ -352,6 +362,9 @@ impl RedisLink {
         loop {
             let began = sentinel.epoch();
             let address = sentinel.primary_address().await?;
+            if sentinel.is_held(&address) {
+                return Err(sentinel::failover_in_progress());
+            }
             let node = sentinel
                 .node_info(&address)
                 .and_then(|info| NodeClients::new(info, self.tls.as_ref()))
@@ -521,6 +534,8 @@ impl RedisLink {
             self.forget(conn);
             let message = if conn.is_closed() {
                 "the connection to Redis had closed"
+            } else if conn.epoch == self.epoch() {
+                "Sentinel is failing the primary over"
             } else {
                 "the primary changed before the command was sent"
             };
@@ -565,6 +580,8 @@ impl RedisLink {
             self.forget(conn);
             let message = if conn.is_closed() {
                 "the connection to Redis had closed"
+            } else if conn.epoch == self.epoch() {
+                "Sentinel is failing the primary over"
             } else {
                 "the primary changed before the command was sent"
             };

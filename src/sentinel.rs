@@ -4,7 +4,9 @@
 //! the connection that then carries the commands (`connection.rs`). Every change of primary
 //! (the first `+switch-master` heard from any Sentinel, or a new address found when
 //! reconnecting) bumps an epoch: a command connection of an older epoch is not used for another command,
-//! and the release-notification subscription moves to the new primary.
+//! and the release-notification subscription moves to the new primary. Before that, from
+//! the moment the leading Sentinel begins promoting a replica, the primary is held: no new
+//! command goes to it (decision 0051).
 
 mod url;
 mod watcher;
@@ -21,6 +23,10 @@ use tokio_util::sync::CancellationToken;
 pub use url::{is_sentinel_url, SentinelUrl, SENTINEL_PORT};
 
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
+
+/// How long a primary whose failover began is left alone without a `+switch-master` or an
+/// abort: longer than the second the switch takes to be announced, shorter than a lease.
+const FAILOVER_HOLD: Duration = Duration::from_secs(3);
 
 pub struct Sentinel {
     url: SentinelUrl,
@@ -47,6 +53,8 @@ struct Known {
     address: Option<String>,
     /// The epoch a `+switch-master` (or the watcher's own question) started with `address`.
     announced_in: Option<u64>,
+    /// When a Sentinel said it is promoting a replica of `address` (decision 0051).
+    failover_began: Option<Instant>,
 }
 
 impl Known {
@@ -244,7 +252,8 @@ impl Sentinel {
             known.address.get_or_insert_with(|| address.to_owned());
             return Some(began);
         }
-        *known = Known { address: Some(address.to_owned()), announced_in: None };
+        *known =
+            Known { address: Some(address.to_owned()), announced_in: None, failover_began: None };
         Some(self.bump())
     }
 
@@ -260,7 +269,8 @@ impl Sentinel {
             Some(at) if at != from => return false,
             _ => self.bump(),
         };
-        *known = Known { address: Some(to.to_owned()), announced_in: Some(epoch) };
+        *known =
+            Known { address: Some(to.to_owned()), announced_in: Some(epoch), failover_began: None };
         true
     }
 
@@ -272,8 +282,51 @@ impl Sentinel {
         let mut known = self.confirmed();
         if known.address.as_deref() != Some(now_at) {
             let epoch = self.bump();
-            *known = Known { address: Some(now_at.to_owned()), announced_in: Some(epoch) };
+            *known = Known {
+                address: Some(now_at.to_owned()),
+                announced_in: Some(epoch),
+                failover_began: None,
+            };
         }
+    }
+
+    /// The leading Sentinel is about to send SLAVEOF NO ONE to a replica of `primary`
+    /// (`+failover-state-send-slaveof-noone`): from now on its WAIT may be acknowledged by a
+    /// replica that will follow the new primary, so no new command goes to it (decision 0051).
+    fn failover_begins(&self, primary: &str) {
+        let mut known = self.confirmed();
+        let holding = known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD);
+        if known.address.as_deref() == Some(primary) && !holding {
+            known.failover_began = Some(Instant::now());
+        }
+    }
+
+    /// The failover of `primary` was aborted: it stays the primary.
+    fn failover_aborted(&self, primary: &str) {
+        let mut known = self.confirmed();
+        if known.address.as_deref() == Some(primary) {
+            known.failover_began = None;
+        }
+    }
+
+    /// Whether a connection of `epoch` opened at `opened` is held back by a failover in
+    /// progress: every connection during the hold; after it, those opened before it began
+    /// (the Sentinels are asked afresh, as after a lost connection).
+    pub fn holds(&self, epoch: u64, opened: Instant) -> bool {
+        let known = self.confirmed();
+        match known.failover_began {
+            Some(began) if self.epoch() == epoch => {
+                began.elapsed() < FAILOVER_HOLD || opened <= began
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `address` is the primary a failover in progress is leaving: not connected to.
+    pub fn is_held(&self, address: &str) -> bool {
+        let known = self.confirmed();
+        known.address.as_deref() == Some(address)
+            && known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD)
     }
 
     fn bump(&self) -> u64 {
@@ -336,6 +389,16 @@ pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), Red
     }
 }
 
+/// A failover is moving the primary away from the node a connection is to: nothing was
+/// sent, and a waiting acquire rides it out like a primary that is not one (yet).
+pub fn failover_in_progress() -> RedisFailure {
+    RedisFailure::new(
+        RedisErrorCode::ConnectionFailed,
+        Outcome::NotSubmitted,
+        "Sentinel is failing the primary over",
+    )
+}
+
 /// Sleeps `delay` unless `stop` fires first; false when stopped.
 async fn pause(stop: &CancellationToken, delay: Duration) -> bool {
     tokio::select! {
@@ -378,6 +441,23 @@ mod tests {
         assert!(!s.switched_from("p:1", "x:1"), "left to the Sentinels to settle");
         assert_eq!(s.epoch(), 2);
         assert_eq!(s.confirmed().announced_now(2).as_deref(), Some("y:1"));
+    }
+
+    #[test]
+    fn a_failover_of_the_known_primary_holds_it_until_the_switch_or_an_abort() {
+        let s = sentinel();
+        s.confirm(0, "p:1");
+        let opened = Instant::now();
+        s.failover_begins("other:1");
+        assert!(!s.holds(0, opened) && !s.is_held("p:1"), "another primary's failover");
+        s.failover_begins("p:1");
+        assert!(s.holds(0, opened) && s.is_held("p:1"));
+        assert!(s.holds(0, Instant::now()), "no connection of the held primary is used");
+        s.failover_aborted("p:1");
+        assert!(!s.holds(0, opened) && !s.is_held("p:1"));
+        s.failover_begins("p:1");
+        assert!(s.switched_from("p:1", "x:1"));
+        assert!(!s.holds(1, Instant::now()) && !s.is_held("x:1"), "the switch ends the hold");
     }
 
     #[test]

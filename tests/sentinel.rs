@@ -724,7 +724,10 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
 }
 
 /// README.md, "Least privilege" for the Sentinels (checked against README below).
-const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
+const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master &+failover-state-send-slaveof-noone &-failover-abort-slave-timeout -@all +sentinel|get-master-addr-by-name +subscribe";
+/// The rule README gave before the failover-state channels (decision 0051): still enough
+/// to follow a switch.
+const OLDER_SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
 
 #[test]
 fn the_sentinel_user_is_the_one_readme_gives() {
@@ -740,7 +743,28 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
     if support::external() {
         return; // needs throwaway servers to fail over
     }
-    let (old, new, sentinel) = cluster(&[SENTINEL_RULE]);
+    let sentinel_log = least_privileged_run(SENTINEL_RULE).await;
+    // Empty, not just free of our users: the test's own admin connections are never
+    // refused, so any entry is something the driver (or redis-rs for it) sent.
+    assert_eq!(sentinel_log, "*0\r\n", "ACL LOG has denials: {sentinel_log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_user_without_the_failover_state_channels_still_follows_the_switch() {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    let sentinel_log = least_privileged_run(OLDER_SENTINEL_RULE).await;
+    // The only refusal is the optional subscription, asked again at each resubscription.
+    assert!(sentinel_log.contains("+failover-state-send-slaveof-noone"), "{sentinel_log}");
+    assert!(!sentinel_log.contains("get-master-addr"), "{sentinel_log}");
+}
+
+/// Locks, renews, a failover, a release that wakes a waiter, as the least-privileged users
+/// with `sentinel_rule` for the Sentinel; the data nodes refuse nothing. Returns the
+/// Sentinel's ACL LOG.
+async fn least_privileged_run(sentinel_rule: &str) -> String {
+    let (old, new, sentinel) = cluster(&[sentinel_rule]);
     for node in [&old, &new] {
         let mut setuser = vec!["ACL", "SETUSER", "locker"];
         // README.md, "Least privilege" for the data nodes, plus `+role`.
@@ -784,15 +808,12 @@ async fn the_sentinel_mode_runs_as_the_least_privileged_users() {
     assert!(d.release(&next).await.unwrap());
     d.shutdown().await.unwrap();
 
-    for server in [
-        &old.command(&["ACL", "LOG"]),
-        &new.command(&["ACL", "LOG"]),
-        &sentinel.command(&["ACL", "LOG"]),
-    ] {
+    for server in [&old.command(&["ACL", "LOG"]), &new.command(&["ACL", "LOG"])] {
         // Empty, not just free of our users: the test's own admin connections are never
         // refused, so any entry is something the driver (or redis-rs for it) sent.
         assert_eq!(server, "*0\r\n", "ACL LOG has denials: {server}");
     }
+    sentinel.command(&["ACL", "LOG"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -808,9 +829,7 @@ async fn when_the_watched_sentinel_dies_the_next_one_announces_the_switch() {
     let d = driver(common::url(&sentinel_url(&[&first, &second])), "watch", &[]);
     let lease = acquire(&d, "k", 0).await.unwrap();
     assert!(d.release(&lease).await.unwrap());
-    let subscribed = |sentinel: &Sentinel| {
-        sentinel.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "))
-    };
+    let subscribed = |sentinel: &Sentinel| subscriptions(sentinel) > 0;
     eventually("the watcher on the first Sentinel", Duration::from_secs(5), || subscribed(&first))
         .await;
 
@@ -994,19 +1013,35 @@ fn sentinels_known(sentinel: &Sentinel) -> usize {
     reply.split("\r\n").filter(|l| *l == "runid").count()
 }
 
+/// How many clients of `sentinel` hold a subscription (to any number of channels).
+fn subscriptions(sentinel: &Sentinel) -> usize {
+    let clients = sentinel.command(&["CLIENT", "LIST"]);
+    clients.lines().filter(|l| l.contains(" sub=") && !l.contains(" sub=0 ")).count()
+}
+
 /// Subscribes to `+switch-master` on each Sentinel (a plain TCP client, not the driver's
 /// code) and reports `(index, when heard)` for every announcement.
 async fn announcements(
     sentinels: &[&Sentinel],
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)> {
+    heard_on(sentinels, "+switch-master").await
+}
+
+/// Subscribes to `channel` on each Sentinel (a plain TCP client) and reports `(index, when
+/// heard)` for every message.
+async fn heard_on(
+    sentinels: &[&Sentinel],
+    channel: &str,
 ) -> tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let (heard, announced) = tokio::sync::mpsc::unbounded_channel();
     for (index, sentinel) in sentinels.iter().enumerate() {
         let socket = tokio::net::TcpStream::connect(("127.0.0.1", sentinel.port())).await.unwrap();
         let (read, mut write) = socket.into_split();
-        write.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$14\r\n+switch-master\r\n").await.unwrap();
+        let subscribe = format!("*2\r\n$9\r\nSUBSCRIBE\r\n${}\r\n{channel}\r\n", channel.len());
+        write.write_all(subscribe.as_bytes()).await.unwrap();
         let mut lines = BufReader::new(read).lines();
-        // The confirmation: `*3`, `$9`, `subscribe`, `$14`, `+switch-master`, `:1`.
+        // The confirmation: `*3`, `$9`, `subscribe`, `$<len>`, channel, `:1`.
         for _ in 0..6 {
             lines.next_line().await.unwrap();
         }
@@ -1047,7 +1082,7 @@ async fn when_the_first_listed_sentinel_leads_the_failover_no_lock_is_granted_on
     let warm = acquire(&d, "warm", 0).await.unwrap();
     assert!(d.release(&warm).await.unwrap());
     eventually("the driver to listen on the first Sentinel", Duration::from_secs(5), || {
-        leader.command(&["CLIENT", "LIST"]).lines().any(|l| l.contains(" sub=1 "))
+        subscriptions(&leader) > 0
     })
     .await;
     let mut announced = announcements(&sentinels).await;
@@ -1120,9 +1155,108 @@ async fn when_the_first_listed_sentinel_leads_the_failover_no_lock_is_granted_on
     d.shutdown().await.unwrap();
     // No subscription of the driver stays on any Sentinel: only this test's own.
     eventually("the driver's subscriptions to close", Duration::from_secs(5), || {
-        sentinels.iter().all(|s| {
-            s.command(&["CLIENT", "LIST"]).lines().filter(|l| l.contains(" sub=1 ")).count() == 1
-        })
+        sentinels.iter().all(|s| subscriptions(s) == 1)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_the_leading_sentinel_promotes_a_replica_no_lease_is_granted_on_the_old_primary_with_min_replicas(
+) {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    // Two replicas, minReplicas 1. The leader sends SLAVEOF NO ONE to one replica; the old
+    // primary is still `master` and the other replica still follows it (until the leader
+    // re-points it), so its WAIT 1 succeeds: a lease granted there is not on the new primary.
+    let (old, replicas, leader) = cluster_of(2, &[]);
+    let others = [Sentinel::start(MASTER, &old, &[]), Sentinel::start(MASTER, &old, &[])];
+    let sentinels = [&leader, &others[0], &others[1]];
+    eventually(
+        "every Sentinel to know the replicas and the others",
+        Duration::from_secs(15),
+        || sentinels.iter().all(|s| s.replicas_up() >= 2 && sentinels_known(s) >= 2),
+    )
+    .await;
+    let d = driver(
+        common::url(&sentinel_url(&sentinels)),
+        "begins",
+        &[("leaseMs", 30_000.0), ("minReplicas", 1.0)],
+    );
+    let warm = acquire(&d, "warm", 0).await.unwrap();
+    assert!(d.release(&warm).await.unwrap());
+    eventually("the driver to listen on the first Sentinel", Duration::from_secs(5), || {
+        subscriptions(&leader) > 0
+    })
+    .await;
+    let mut announced = announcements(&sentinels).await;
+    let mut promoting = heard_on(&[&leader], "+failover-state-send-slaveof-noone").await;
+
+    // A fresh key every 5 ms, from before the failover until well after the leader's
+    // announcement.
+    let stop = CancellationToken::new();
+    let acquiring = {
+        let (d, stop) = (d.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut started = Vec::new();
+            for i in 0.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let key = format!("k{i}");
+                let at = Instant::now();
+                let granted = acquire(&d, &key, 0).await.is_ok();
+                started.push((key, at, granted));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            started
+        })
+    };
+    leader.failover(Duration::from_secs(10));
+    let (_, began) = tokio::time::timeout(Duration::from_secs(15), promoting.recv())
+        .await
+        .expect("the leader promotes a replica")
+        .unwrap();
+    let leader_at = loop {
+        let (index, at) = tokio::time::timeout(Duration::from_secs(15), announced.recv())
+            .await
+            .expect("every Sentinel announces the switch")
+            .unwrap();
+        if index == 0 {
+            break at;
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.cancel();
+    let started = acquiring.await.unwrap();
+    let new = match leader.primary_port() {
+        Some(port) => replicas.iter().find(|r| r.port == port).expect("a replica was promoted"),
+        None => panic!("the leader names no primary"),
+    };
+
+    // Commands already in flight when the leader published may still be answered there.
+    let after: Vec<_> =
+        started.iter().filter(|(_, at, _)| *at >= began + Duration::from_millis(50)).collect();
+    assert!(
+        after.iter().any(|(_, at, _)| *at < leader_at),
+        "no acquire started between the promotion and the leader's announcement"
+    );
+    let lost: Vec<_> = after
+        .iter()
+        .filter(|(key, _, granted)| *granted && !holds(new, "begins", key))
+        .map(|(key, at, _)| format!("{key} +{}ms", at.duration_since(began).as_millis()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} leases granted after the leader promoted a replica are not on the new primary \
+         (the leader announced +{} ms): {lost:?}",
+        lost.len(),
+        leader_at.duration_since(began).as_millis()
+    );
+    let again: Vec<_> = after
+        .iter()
+        .filter(|(key, at, granted)| *at >= leader_at && *granted && holds(new, "begins", key))
+        .collect();
+    assert!(!again.is_empty(), "no lease granted on the new primary after the switch");
+    d.shutdown().await.unwrap();
 }

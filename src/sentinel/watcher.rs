@@ -7,8 +7,10 @@
 //! earlier: so every Sentinel is listened to, and whichever announces first is followed
 //! (decision 0050). Each Sentinel has its own subscription and backoff; after every
 //! (re)subscription the primary is asked again, since a switch announced while that
-//! subscription was down may have gone unheard.
+//! subscription was down may have gone unheard. The same subscription also hears the
+//! leader begin a failover (and abort it), which holds the old primary (decision 0051).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,12 +19,20 @@ use futures::StreamExt;
 use super::{address, pause, Sentinel};
 
 const CHANNEL: &str = "+switch-master";
+/// The leading Sentinel's word that it is promoting a replica, and that it gave up (decision
+/// 0051). Subscribed apart: a Sentinel user without them (README's older ACL line) still
+/// gets `+switch-master`.
+const FAILOVER_BEGINS: &str = "+failover-state-send-slaveof-noone";
+const FAILOVER_ABORTED: &str = "-failover-abort-slave-timeout";
 /// The first pause after a Sentinel refused or failed to take the subscription.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest pause between subscriptions to one Sentinel that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A subscription held at least this long was a working one: the backoff starts over.
 const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
+
+/// Logged once per process: every watcher of every driver would meet the same ACL.
+static REFUSAL_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// Keeps a subscription on the Sentinel at `index` until the link closes.
 pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
@@ -49,6 +59,14 @@ async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubS
     let connect = async {
         let mut pubsub = sentinel.sentinels[index].get_async_pubsub().await?;
         pubsub.subscribe(CHANNEL).await?;
+        if let Err(err) = pubsub.subscribe(&[FAILOVER_BEGINS, FAILOVER_ABORTED]).await {
+            if !REFUSAL_LOGGED.swap(true, Ordering::Relaxed) {
+                tracing::debug!(
+                    code = err.code().unwrap_or("none"),
+                    "Sentinel refused the failover-state channels; following +switch-master only"
+                );
+            }
+        }
         Ok::<_, redis::RedisError>(pubsub.into_on_message())
     };
     tokio::select! {
@@ -70,6 +88,21 @@ async fn follow(sentinel: &Sentinel, mut messages: redis::aio::PubSubStream) {
         };
         let Some(message) = message else { return };
         let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
+        match message.get_channel_name() {
+            FAILOVER_BEGINS => {
+                if let Some(primary) = failing_over(payload, &sentinel.url.master_name) {
+                    sentinel.failover_begins(&primary);
+                }
+                continue;
+            }
+            FAILOVER_ABORTED => {
+                if let Some(primary) = failing_over(payload, &sentinel.url.master_name) {
+                    sentinel.failover_aborted(&primary);
+                }
+                continue;
+            }
+            _ => {}
+        }
         let Some((from, to)) = announced(payload, &sentinel.url.master_name) else { continue };
         // Another Sentinel announced this switch first (nothing to do), or this one speaks
         // of a primary this driver did not know: either its news is older than a switch
@@ -104,6 +137,21 @@ fn announced(payload: &str, master_name: &str) -> Option<(String, String)> {
     }
 }
 
+/// The primary's address in a failover event about our master name: `slave <name> <ip>
+/// <port> @ <master-name> <ip> <port>` for a replica, `master <name> <ip> <port>` for the
+/// primary itself (Redis's `sentinelEvent` with `%@`).
+fn failing_over(payload: &str, master_name: &str) -> Option<String> {
+    let words: Vec<&str> = payload.split_ascii_whitespace().collect();
+    match words.as_slice() {
+        [_, _, _, _, "@", name, host, port, ..] | ["master", name, host, port, ..]
+            if *name == master_name =>
+        {
+            Some(address(host, port))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +163,15 @@ mod tests {
         assert_eq!(announced("other 127.0.0.1 1 127.0.0.1 2", "m"), None);
         assert_eq!(announced("m ::1 1 ::1 2", "m"), pair("[::1]:1", "[::1]:2"));
         assert_eq!(announced("m garbage", "m"), None);
+    }
+
+    #[test]
+    fn a_failover_event_names_the_primary_it_leaves() {
+        let event = "slave 127.0.0.1:7 127.0.0.1 7 @ m 127.0.0.1 1";
+        assert_eq!(failing_over(event, "m").as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(failing_over("master m 127.0.0.1 1", "m").as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(failing_over("master m 127.0.0.1 1 12", "m").as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(failing_over("slave 127.0.0.1:7 127.0.0.1 7 @ other 127.0.0.1 1", "m"), None);
+        assert_eq!(failing_over("master other 127.0.0.1 1", "m"), None);
     }
 }
