@@ -199,6 +199,15 @@ fn per_key_driver_polling(
     namespace: &str,
     poll_ms: f64,
 ) -> dokebi_lock_redis::Driver {
+    per_key_driver_with(cluster, namespace, poll_ms, 10_000.0)
+}
+
+fn per_key_driver_with(
+    cluster: &Cluster,
+    namespace: &str,
+    poll_ms: f64,
+    lease_ms: f64,
+) -> dokebi_lock_redis::Driver {
     use dokebi_lock_redis::options;
     let fields = [
         ("driver", Raw::String("redis".into())),
@@ -207,6 +216,7 @@ fn per_key_driver_polling(
         ("notifications", Raw::String("per-key".into())),
         ("pollIntervalMs", Raw::Number(poll_ms)),
         ("notifyPollIntervalMs", Raw::Number(poll_ms)),
+        ("leaseMs", Raw::Number(lease_ms)),
     ];
     let backend = options::parse_backend(&Raw::Object(
         fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
@@ -413,7 +423,9 @@ async fn per_key_waiters_subscribe_again_at_the_new_master_after_a_failover() {
         return;
     }
     let mut cluster = tokio::task::spawn_blocking(|| Cluster::start_nodes(6, &[])).await.unwrap();
-    let holder = per_key_driver(&cluster, "fo");
+    // A lease that outlives a slow failover (Valkey 8.0's took longer than the default 10 s
+    // lease: the key expired and the test's waiter simply took it).
+    let holder = per_key_driver_with(&cluster, "fo", 5_000.0, 60_000.0);
     // Polls 20 s apart: the waiter asks Redis only when a notification or a confirmed
     // subscription tells it to, not in the middle of the failover.
     let d = per_key_driver_polling(&cluster, "fo", 20_000.0);
