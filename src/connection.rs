@@ -525,26 +525,27 @@ impl RedisLink {
             .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))
     }
 
+    /// Known dead, or no longer to be used for the primary, before anything was handed to
+    /// it: the connection is dropped and the command fails as surely not sent.
+    fn refuse_if_stale(&self, conn: &Conn) -> Result<(), RedisFailure> {
+        if !self.is_stale(conn) {
+            return Ok(());
+        }
+        self.forget(conn);
+        let message = if conn.is_closed() {
+            "the connection to Redis had closed"
+        } else if conn.epoch == self.epoch() {
+            "Sentinel is failing the primary over"
+        } else {
+            "the primary changed before the command was sent"
+        };
+        Err(RedisFailure::new(RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted, message))
+    }
+
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
-        if self.is_stale(conn) {
-            // Known dead (or no longer to the primary) before anything was handed to it:
-            // nothing was sent.
-            self.forget(conn);
-            let message = if conn.is_closed() {
-                "the connection to Redis had closed"
-            } else if conn.epoch == self.epoch() {
-                "Sentinel is failing the primary over"
-            } else {
-                "the primary changed before the command was sent"
-            };
-            return Err(RedisFailure::new(
-                RedisErrorCode::ConnectionFailed,
-                Outcome::NotSubmitted,
-                message,
-            ));
-        }
+        self.refuse_if_stale(conn)?;
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
         // A MOVED reply means the node did not run it, so sending it again is no retry of
@@ -576,21 +577,7 @@ impl RedisLink {
     /// On a connection to a node that is no longer the primary nothing is sent: a WAIT there
     /// would count the replicas of a demoted node, so the write counts as unconfirmed.
     pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
-        if self.is_stale(conn) {
-            self.forget(conn);
-            let message = if conn.is_closed() {
-                "the connection to Redis had closed"
-            } else if conn.epoch == self.epoch() {
-                "Sentinel is failing the primary over"
-            } else {
-                "the primary changed before the command was sent"
-            };
-            return Err(RedisFailure::new(
-                RedisErrorCode::ConnectionFailed,
-                Outcome::NotSubmitted,
-                message,
-            ));
-        }
+        self.refuse_if_stale(conn)?;
         let reply = send(&mut conn.inner.clone(), cmd).await;
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
             self.forget(conn);
