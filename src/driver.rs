@@ -168,6 +168,12 @@ impl Driver {
     }
 
     /// Changes of primary this backend followed (Sentinel; 0 otherwise).
+    /// Staggered head-start steps this backend's waiters gave other processes (decision
+    /// 0070): what fairness cost its hand-offs.
+    pub fn head_start_steps(&self) -> u64 {
+        self.inner.lines.steps_given()
+    }
+
     pub fn primary_switches(&self) -> u64 {
         self.inner.link.primary_switch_count()
     }
@@ -425,7 +431,7 @@ impl Driver {
     /// of trying for a key that was surely taken. A long head start is thus often never
     /// served, which spares Redis the attempt.
     async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
-        while let Some(head_start) = place.line.head_start(self.inner.lines.others_listening()) {
+        while let Some(head_start) = self.inner.lines.head_start(&place.line) {
             let announced = self
                 .unless_stopped(cancel, async {
                     tokio::select! {

@@ -23,6 +23,12 @@ pub struct Lines {
     /// waiter gives them a head start after its next release (decision 0010), and with
     /// staggered head starts (decision 0070) the count sizes them.
     others_listening: AtomicU64,
+    /// What lines learned about their keys, kept a while after they emptied (locked only
+    /// inside `lines`: lock order `lines`, then `learned`).
+    learned: Mutex<Remembered>,
+    /// Staggered head-start steps given (decision 0070): what fairness cost this backend's
+    /// hand-offs, for tests and experiments.
+    steps_given: AtomicU64,
 }
 
 impl Default for Lines {
@@ -33,7 +39,51 @@ impl Default for Lines {
             waiting: Mutex::new((0, Some(Instant::now()))),
             changed: Notify::new(),
             others_listening: AtomicU64::new(0),
+            learned: Mutex::default(),
+            steps_given: AtomicU64::new(0),
         }
+    }
+}
+
+/// How long what a line learned outlives it. A line empties whenever its last waiter
+/// acquires before the next one has joined (a loop that releases and acquires again races
+/// its own notification): the key's contention has not changed, and starting over from
+/// "every listener counts" made each such gap cost up to [`TURNS_WINDOW`] slow hand-offs
+/// (issue 21). A key left alone for longer starts over.
+const LEARNED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A line's count of competitors and the window observing it (decision 0070).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Learned {
+    competitors: u32,
+    window: (u32, u32),
+}
+
+/// The learning of lines that emptied lately. Bounded by the keys contended within
+/// [`LEARNED_FOR`]: stale entries are dropped whenever the map doubles, so each costs O(1).
+struct Remembered {
+    keys: HashMap<Arc<str>, (Learned, Instant)>,
+    purge_at: usize,
+}
+
+impl Default for Remembered {
+    fn default() -> Self {
+        Self { keys: HashMap::new(), purge_at: 64 }
+    }
+}
+
+impl Remembered {
+    fn keep(&mut self, hash: Arc<str>, learned: Learned, now: Instant) {
+        self.keys.insert(hash, (learned, now));
+        if self.keys.len() >= self.purge_at {
+            self.keys.retain(|_, (_, at)| now.duration_since(*at) < LEARNED_FOR);
+            self.purge_at = (self.keys.len() * 2).max(64);
+        }
+    }
+
+    fn take(&mut self, hash: &str, now: Instant) -> Option<Learned> {
+        let (learned, at) = self.keys.remove(hash)?;
+        (now.duration_since(at) < LEARNED_FOR).then_some(learned)
     }
 }
 
@@ -100,7 +150,13 @@ impl Lines {
         only_if_empty: bool,
     ) -> Result<Place, LockError> {
         let mut map = self.map();
-        let line = map.entry(hash.clone()).or_default().clone();
+        let line = map
+            .entry(hash.clone())
+            .or_insert_with(|| {
+                let learned = self.remembered().take(hash, Instant::now());
+                Arc::new(learned.map_or_else(Line::default, Line::with_learned))
+            })
+            .clone();
         let mut queue = line.queue();
         if only_if_empty && !queue.is_empty() {
             return Err(LockError::new(
@@ -129,6 +185,25 @@ impl Lines {
             place.mark_waiting();
         }
         Ok(place)
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.learned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The head start a first waiter woken by a release gives before it tries (see
+    /// [`Line::head_start`]), counted in [`steps_given`](Self::steps_given).
+    pub fn head_start(&self, line: &Line) -> Option<std::time::Duration> {
+        let (head_start, steps) = line.head_start(self.others_listening());
+        if steps > 0 {
+            self.steps_given.fetch_add(steps.into(), Ordering::Relaxed);
+        }
+        head_start
+    }
+
+    /// Staggered head-start steps given since the backend started (decision 0070).
+    pub fn steps_given(&self) -> u64 {
+        self.steps_given.load(Ordering::Relaxed)
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, (usize, Option<Instant>)> {
@@ -265,6 +340,23 @@ const TURNS_WINDOW: u32 = 8;
 const STAGGER_MAX_OTHERS: u64 = 16;
 
 impl Line {
+    /// A new line for a key whose previous line emptied lately: it knows who competes, but
+    /// like any new line it has heard no release since an acquisition of its own.
+    fn with_learned(learned: Learned) -> Self {
+        Self {
+            competitors: AtomicU32::new(learned.competitors),
+            window: Mutex::new(learned.window),
+            ..Self::default()
+        }
+    }
+
+    /// What this line learned, if anything.
+    fn learned(&self) -> Option<Learned> {
+        let window = *self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let competitors = self.competitors.load(Ordering::Acquire);
+        (competitors != u32::MAX || window.1 > 0).then_some(Learned { competitors, window })
+    }
+
     /// A release of the key was announced.
     fn announced(&self) {
         let _ = self
@@ -303,14 +395,15 @@ impl Line {
 
     /// The head start to give other processes before trying, once, after a release woke
     /// the first waiter: decision 0010's for this backend's own release, or with a stagger
-    /// step (decision 0070) one step per other process that may be owed a turn before us.
-    pub fn head_start(&self, others: u64) -> Option<std::time::Duration> {
+    /// step (decision 0070) one step per other process that may be owed a turn before us;
+    /// with the number of such steps.
+    fn head_start(&self, others: u64) -> (Option<std::time::Duration>, u32) {
         let own = self.yield_next_wake.swap(false, Ordering::AcqRel);
         let notified = self.notified.swap(false, Ordering::AcqRel);
         let step = stagger_step();
         if !step.is_zero() {
             if !notified || others == 0 {
-                return None;
+                return (None, 0);
             }
             // Releases heard since we held the key, our own release not counted: the
             // processes that had their turn since ours.
@@ -321,12 +414,12 @@ impl Line {
                 .min(STAGGER_MAX_OTHERS);
             let owed = counted.saturating_sub(turns) as u32;
             if owed > 0 {
-                return Some(step * owed);
+                return (Some(step * owed), owed);
             }
             // Our own release, nobody known to be owed a turn: decision 0010's head start.
         }
         let head_start = head_start();
-        (own && !head_start.is_zero()).then_some(head_start)
+        ((own && !head_start.is_zero()).then_some(head_start), 0)
     }
 
     pub fn forget_head_start(&self) {
@@ -371,6 +464,9 @@ impl Drop for Place {
         if queue.is_empty() {
             drop(queue);
             map.remove(&self.hash);
+            if let Some(learned) = self.line.learned() {
+                self.lines.remembered().keep(self.hash.clone(), learned, Instant::now());
+            }
         }
     }
 }
@@ -470,7 +566,7 @@ mod tests {
 
     /// The head start of a first waiter woken by the last release `line` heard.
     fn woken(line: &Line, others: u64) -> Option<Duration> {
-        line.head_start(others)
+        line.head_start(others).0
     }
 
     #[test]
@@ -495,7 +591,7 @@ mod tests {
         assert_eq!(woken(&line_after(1), 0), None, "nobody else listens");
         let line = line_after(1);
         assert!(woken(&line, 3).is_some());
-        assert_eq!(line.head_start(3), None, "woken again, by a new subscription, not a release");
+        assert_eq!(woken(&line, 3), None, "woken again, by a new subscription, not a release");
     }
 
     /// `line` hears `turns` releases of other processes, then acquires.
@@ -509,7 +605,7 @@ mod tests {
     /// `line` hears its own release: the head start of its next first waiter.
     fn own_release(line: &Line, others: u64) -> Option<Duration> {
         line.announced();
-        line.head_start(others)
+        woken(line, others)
     }
 
     #[test]
@@ -530,10 +626,69 @@ mod tests {
             acquires_after(&line, 0);
             line.announced(); // our own release again
         }
-        assert_eq!(line.head_start(8), None);
+        assert_eq!(woken(&line, 8), None);
         // More come back: counted at once.
         acquires_after(&line, 5);
         assert_eq!(own_release(&line, 8), Some(step * 5));
+    }
+
+    /// Acquisitions of `lines`' line of `hash` by waiters that take turns inside this
+    /// process, nobody else coming, until the line has learned it; the line then empties.
+    fn learn_nobody_else_comes(lines: &Arc<Lines>, hash: &Arc<str>) {
+        let place = lines.join(hash, false).unwrap();
+        for _ in 0..=TURNS_WINDOW {
+            place.line.mark_held_here();
+            place.line.announced(); // our own release, heard by the next waiter of ours
+        }
+        assert_eq!(lines.head_start(&place.line), None, "learned: nobody is owed a turn");
+        drop(place);
+        assert!(lines.is_empty());
+    }
+
+    #[test]
+    fn a_line_that_empties_for_a_moment_keeps_what_it_learned() {
+        let lines = Arc::new(Lines::default());
+        lines.heard_release(5); // five other processes listen on the namespace
+        let hash: Arc<str> = "k".into();
+        learn_nobody_else_comes(&lines, &hash);
+        // The next waiter of ours joins a new line, acquires, and hands over to another.
+        let place = lines.join(&hash, false).unwrap();
+        place.line.mark_held_here();
+        place.line.announced();
+        assert_eq!(lines.head_start(&place.line), None, "nobody else comes: no head start");
+        assert_eq!(lines.steps_given(), 0);
+    }
+
+    #[test]
+    fn a_new_line_counts_every_listener_until_it_learns() {
+        let lines = Arc::new(Lines::default());
+        lines.heard_release(5);
+        let place = lines.join(&"k".into(), false).unwrap();
+        place.line.mark_held_here();
+        place.line.announced();
+        assert_eq!(lines.head_start(&place.line), Some(stagger_step() * 5));
+        assert_eq!(lines.steps_given(), 5);
+        // A key contended long ago starts over too.
+        let mut remembered = Remembered::default();
+        let at = Instant::now();
+        let learned = Learned { competitors: 0, window: (0, 0) };
+        remembered.keep("old".into(), learned, at);
+        assert_eq!(remembered.take("old", at + LEARNED_FOR), None);
+        remembered.keep("old".into(), learned, at);
+        assert_eq!(remembered.take("old", at + LEARNED_FOR / 2), Some(learned));
+    }
+
+    #[test]
+    fn what_lines_learned_is_forgotten_once_stale_so_memory_stays_bounded() {
+        let mut remembered = Remembered::default();
+        let start = Instant::now();
+        let learned = Learned { competitors: 1, window: (1, 1) };
+        for i in 0..10_000u32 {
+            // One key every millisecond: at most about a second's worth stays.
+            let now = start + std::time::Duration::from_millis(i.into());
+            remembered.keep(i.to_string().into(), learned, now);
+        }
+        assert!(remembered.keys.len() <= 2 * 1000 + 64, "{} kept", remembered.keys.len());
     }
 
     #[test]
