@@ -166,8 +166,11 @@ impl Sentinel {
         let mut refusal = None;
         let mut unknown_name = false;
         for index in 0..self.sentinels.len() {
-            let kept = match asked.take() {
-                Some((i, conn)) if i == index => Some(conn),
+            // Only this Sentinel's own connection is taken: the one kept for a later
+            // Sentinel stays for its turn, so a first Sentinel that is down costs no
+            // reconnection to the next one per question.
+            let kept = match asked {
+                Some((i, _)) if *i == index => asked.take().map(|(_, conn)| conn),
                 _ => None,
             };
             let reused = kept.is_some();

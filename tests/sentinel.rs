@@ -651,6 +651,66 @@ async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_ad
     d.shutdown().await.unwrap();
 }
 
+/// `total_connections_received` and `total_commands_processed` from a Sentinel's `INFO
+/// stats` (this INFO's own connection counted, the command itself not yet).
+fn received(sentinel: &Sentinel) -> (u64, u64) {
+    let info = sentinel.command(&["INFO", "stats"]);
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO stats has {name}"))
+    };
+    (field("total_connections_received:"), field("total_commands_processed:"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_listed_sentinel_down_the_next_one_is_asked_on_one_kept_connection() {
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start_primary();
+    let sentinel = Sentinel::start(MASTER, &primary, &[]);
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis-sentinel://127.0.0.1:{gone},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "kept", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    // The watcher's subscription and its first question come once, whatever follows.
+    eventually("the watcher to subscribe", Duration::from_secs(5), || {
+        subscriptions(&sentinel) >= 1
+    })
+    .await;
+    let primary_switches = d.primary_switches();
+    let before = received(&sentinel);
+    let rounds = 5;
+    for round in 0..rounds {
+        // A lost primary connection: the next command asks the Sentinels again.
+        primary.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+        let key = format!("k{round}");
+        let mut tries = 0;
+        let lease = loop {
+            // A command written before the driver heard of the kill fails once.
+            match acquire(&d, &key, 5_000).await {
+                Ok(lease) => break lease,
+                Err(err) => {
+                    tries += 1;
+                    assert!(tries < 3, "round {round}: {err:?}");
+                }
+            }
+        };
+        assert!(d.release(&lease).await.unwrap());
+    }
+    let after = received(&sentinel);
+    // Less the last INFO's own connection, and the first INFO itself.
+    let opened = after.0 - before.0 - 1;
+    let questions = after.1 - before.1 - 1;
+    assert!(questions >= rounds, "each reconnect asked the Sentinel: {questions} commands");
+    assert!(opened <= 1, "{opened} new connections to the second Sentinel for {rounds} reconnects");
+    assert_eq!(d.primary_switches(), primary_switches, "the primary stayed where it was");
+    d.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     if support::external() {
