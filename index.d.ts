@@ -115,7 +115,11 @@ export interface RedisLockBackendInput {
    * Not with `cluster: true` (INVALID_OPTIONS). README.md, "Redis HA".
    */
   minReplicas?: number | undefined
-  /** Extension: the WAIT timeout in ms, 1 .. 2^31-1, default 500. */
+  /**
+   * Extension: the WAIT timeout in ms, 1 .. 2^31-1, default 500. With `minReplicas` > 0 it must
+   * be below the connection's `commandTimeoutMs` (INVALID_OPTIONS otherwise): a WAIT blocks the
+   * commands queued behind it.
+   */
   replicaTimeoutMs?: number | undefined
   /**
    * Opt-in: a newly seeded fence counter expires after this many ms (1 .. 2^53-1) and is seeded

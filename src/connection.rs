@@ -189,6 +189,7 @@ impl RedisLink {
                     open,
                     connect_timeout,
                     command_timeout,
+                    driver_id,
                 )?))
             }
             None => Target::Fixed(Box::new(NodeClients::new(

@@ -71,8 +71,10 @@ struct Admitted {
 }
 
 impl Driver {
-    /// Validates nothing itself: pass options from [`crate::options`]. Connects lazily.
+    /// Checks only the rules across both arguments (`options::check_together`, minReplicas
+    /// with a Cluster): pass options from [`crate::options`]. Connects lazily.
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
+        crate::options::check_together(connection, &options)?;
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
         let link = RedisLink::new(connection, id)?;
         // A Cluster cannot promise WAIT runs on the node connection that wrote (decision 0025).

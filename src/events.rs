@@ -53,3 +53,16 @@ pub fn notify_unsharded(driver: u64) {
         "this Redis Cluster has no sharded pub/sub; per-key notifications use classic PUBLISH/SUBSCRIBE"
     );
 }
+
+/// The Sentinel user may not subscribe to the failover-state channels (an ACL line from
+/// before decision 0051): switches are still followed, but a primary whose failover began
+/// is not held. Said once per driver: every listed Sentinel would meet the same ACL.
+pub fn failover_hold_unavailable(driver: u64) {
+    tracing::warn!(
+        target: TARGET,
+        driver,
+        code = "LOCK_FAILOVER_HOLD_UNAVAILABLE",
+        reason = "refused",
+        "Sentinel refused the failover-state channels; a primary whose failover began is not held off"
+    );
+}

@@ -430,6 +430,26 @@ pub fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockError> {
     }
 }
 
+/// The rules across both arguments of `createRedisLockDriver`. With `minReplicas`, a WAIT
+/// blocks the connection it runs on for up to replicaTimeoutMs, and every command queued
+/// behind it (an unrelated release or renew) counts that time against its own
+/// commandTimeoutMs: a WAIT as long as commandTimeoutMs would make them OUTCOME_UNKNOWN
+/// (docs/decisions/0130).
+pub fn check_together(
+    connection: &ConnectionOptions,
+    backend: &BackendOptions,
+) -> Result<(), LockError> {
+    if backend.min_replicas > 0 && backend.replica_timeout_ms >= connection.command_timeout_ms {
+        return Err(invalid(
+            "options.replicaTimeoutMs must be less than connection.commandTimeoutMs when \
+             options.minReplicas is above 0: a WAIT blocks the connection, and the commands \
+             queued behind it would time out"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,6 +627,40 @@ mod tests {
                 e.message
             );
         }
+    }
+
+    #[test]
+    fn with_min_replicas_a_replica_timeout_not_below_the_command_timeout_is_refused_naming_both() {
+        let connection = |command_timeout_ms: f64| {
+            parse_connection(&obj(&[
+                ("url", s("redis://h")),
+                ("commandTimeoutMs", Raw::Number(command_timeout_ms)),
+            ]))
+            .unwrap()
+        };
+        let backend = |min: f64, timeout: f64| {
+            let mut f = base();
+            f.push(("minReplicas", Raw::Number(min)));
+            f.push(("replicaTimeoutMs", Raw::Number(timeout)));
+            parse_backend(&obj(&f)).unwrap()
+        };
+        for (command, replica) in [(1_234.0, 1_234.0), (1_234.0, 4_321.0)] {
+            let e = check_together(&connection(command), &backend(1.0, replica)).unwrap_err();
+            assert_eq!(e.code, LockErrorCode::InvalidOptions);
+            assert!(
+                e.message.contains("options.replicaTimeoutMs")
+                    && e.message.contains("connection.commandTimeoutMs"),
+                "{}",
+                e.message
+            );
+            assert!(!e.message.contains("1234") && !e.message.contains("4321"), "{}", e.message);
+        }
+        assert!(check_together(&connection(1_234.0), &backend(1.0, 1_233.0)).is_ok());
+        // No WAIT is sent without minReplicas: the timeout is not used.
+        assert!(check_together(&connection(100.0), &backend(0.0, 500.0)).is_ok());
+        // The defaults fit together.
+        let defaults = parse_connection(&s("redis://h")).unwrap();
+        assert!(check_together(&defaults, &backend(1.0, DEFAULT_REPLICA_TIMEOUT_MS.into())).is_ok());
     }
 
     #[test]

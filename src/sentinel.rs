@@ -43,6 +43,9 @@ pub struct Sentinel {
     /// A connection to the Sentinel that answered last, kept for the next question.
     asked: tokio::sync::Mutex<Option<(usize, MultiplexedConnection)>>,
     watching: AtomicBool,
+    /// Whose logger hears of a refused failover-state subscription, and whether it did.
+    driver_id: u64,
+    hold_refusal_logged: AtomicBool,
     /// Cancelled when the link closes: ends the watchers.
     stop: CancellationToken,
 }
@@ -81,6 +84,7 @@ impl Sentinel {
         open: impl Fn(ConnectionInfo) -> redis::RedisResult<Client>,
         connect_timeout: Duration,
         command_timeout: Duration,
+        driver_id: u64,
     ) -> redis::RedisResult<Self> {
         let sentinels = url
             .sentinels
@@ -111,6 +115,8 @@ impl Sentinel {
             switched: watch::Sender::new(0),
             asked: tokio::sync::Mutex::new(None),
             watching: AtomicBool::new(false),
+            driver_id,
+            hold_refusal_logged: AtomicBool::new(false),
             stop: CancellationToken::new(),
         })
     }
@@ -166,8 +172,11 @@ impl Sentinel {
         let mut refusal = None;
         let mut unknown_name = false;
         for index in 0..self.sentinels.len() {
-            let kept = match asked.take() {
-                Some((i, conn)) if i == index => Some(conn),
+            // Only this Sentinel's own connection is taken: the one kept for a later
+            // Sentinel stays for its turn, so a first Sentinel that is down costs no
+            // reconnection to the next one per question.
+            let kept = match asked {
+                Some((i, _)) if *i == index => asked.take().map(|(_, conn)| conn),
                 _ => None,
             };
             let reused = kept.is_some();
@@ -415,7 +424,7 @@ mod tests {
         let url = SentinelUrl::parse("redis-sentinel://s1,s2,s3#m").unwrap();
         let auth = SentinelAuth { username: None, password: None };
         let timeout = Duration::from_secs(1);
-        Sentinel::new(url, auth, Client::open, timeout, timeout).unwrap()
+        Sentinel::new(url, auth, Client::open, timeout, timeout, 0).unwrap()
     }
 
     #[test]

@@ -320,8 +320,12 @@ async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let d =
-        driver(url(primary.url()), "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
+    // A WAIT longer than the test, and commands allowed longer still (decision 0130).
+    let connection = common::connection(
+        primary.url(),
+        &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(20_000.0))],
+    );
+    let d = driver(connection, "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
     let lock_key = dokebi_lock_redis::keys::KeyNames::new("lost", "job").lock;
     replica.pause();
     let attempt = tokio::spawn({
@@ -355,7 +359,7 @@ async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_repli
     let (primary, replica) = primary_and_replica();
     let connection = common::connection(
         primary.url(),
-        &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(300.0))],
+        &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(2_500.0))],
     );
     // Stopped well before replicaTimeoutMs, the primary can never answer: only our own
     // limit (replicaTimeoutMs + commandTimeoutMs) ends the WAIT.
@@ -428,4 +432,46 @@ async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_sa
     );
     primary.resume();
     replica.resume();
+}
+
+#[tokio::test]
+async fn a_replica_timeout_not_below_the_command_timeout_is_refused_with_min_replicas() {
+    // A WAIT as long as commandTimeoutMs would leave the release or renew queued behind it
+    // on the shared connection no time of its own: it would fail OUTCOME_UNKNOWN, and a
+    // renewed lease would turn invalid (decision 0130).
+    let connection = dokebi_lock_redis::options::parse_connection(&common::connection(
+        "redis://127.0.0.1:1",
+        &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(1_500.0))],
+    ))
+    .unwrap();
+    let backend = |fields: &[(&str, f64)]| {
+        let mut all = vec![
+            ("driver".to_owned(), dokebi_lock_redis::Raw::String("redis".into())),
+            ("connection".to_owned(), dokebi_lock_redis::Raw::String("main".into())),
+            ("namespace".to_owned(), dokebi_lock_redis::Raw::String("both".into())),
+        ];
+        all.extend(fields.iter().map(|(k, v)| (k.to_string(), dokebi_lock_redis::Raw::Number(*v))));
+        dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(all)).unwrap()
+    };
+    for replica_timeout in [1_500.0, 9_000.0] {
+        let refused = Driver::new(
+            &connection,
+            backend(&[("minReplicas", 1.0), ("replicaTimeoutMs", replica_timeout)]),
+        );
+        let err = refused.err().expect("refused");
+        assert_eq!(err.code, LockErrorCode::InvalidOptions);
+        assert!(
+            err.message.contains("replicaTimeoutMs") && err.message.contains("commandTimeoutMs"),
+            "{}",
+            err.message
+        );
+        assert!(!err.message.contains("1500") && !err.message.contains("9000"), "{}", err.message);
+    }
+    // Below it, or without minReplicas (no WAIT is sent), the driver is made.
+    assert!(Driver::new(
+        &connection,
+        backend(&[("minReplicas", 1.0), ("replicaTimeoutMs", 1_499.0)])
+    )
+    .is_ok());
+    assert!(Driver::new(&connection, backend(&[("replicaTimeoutMs", 9_000.0)])).is_ok());
 }

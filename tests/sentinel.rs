@@ -651,6 +651,66 @@ async fn the_first_sentinel_that_answers_names_the_primary_and_errors_name_no_ad
     d.shutdown().await.unwrap();
 }
 
+/// `total_connections_received` and `total_commands_processed` from a Sentinel's `INFO
+/// stats` (this INFO's own connection counted, the command itself not yet).
+fn received(sentinel: &Sentinel) -> (u64, u64) {
+    let info = sentinel.command(&["INFO", "stats"]);
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO stats has {name}"))
+    };
+    (field("total_connections_received:"), field("total_commands_processed:"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_listed_sentinel_down_the_next_one_is_asked_on_one_kept_connection() {
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    let primary = RedisServer::start_primary();
+    let sentinel = Sentinel::start(MASTER, &primary, &[]);
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis-sentinel://127.0.0.1:{gone},127.0.0.1:{}#{MASTER}", sentinel.port());
+    let d = driver(common::url(&url), "kept", &[]);
+    let lease = acquire(&d, "k", 0).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    // The watcher's subscription and its first question come once, whatever follows.
+    eventually("the watcher to subscribe", Duration::from_secs(5), || {
+        subscriptions(&sentinel) >= 1
+    })
+    .await;
+    let primary_switches = d.primary_switches();
+    let before = received(&sentinel);
+    let rounds = 5;
+    for round in 0..rounds {
+        // A lost primary connection: the next command asks the Sentinels again.
+        primary.command(&["CLIENT", "KILL", "TYPE", "normal"]);
+        let key = format!("k{round}");
+        let mut tries = 0;
+        let lease = loop {
+            // A command written before the driver heard of the kill fails once.
+            match acquire(&d, &key, 5_000).await {
+                Ok(lease) => break lease,
+                Err(err) => {
+                    tries += 1;
+                    assert!(tries < 3, "round {round}: {err:?}");
+                }
+            }
+        };
+        assert!(d.release(&lease).await.unwrap());
+    }
+    let after = received(&sentinel);
+    // Less the last INFO's own connection, and the first INFO itself.
+    let opened = after.0 - before.0 - 1;
+    let questions = after.1 - before.1 - 1;
+    assert!(questions >= rounds, "each reconnect asked the Sentinel: {questions} commands");
+    assert!(opened <= 1, "{opened} new connections to the second Sentinel for {rounds} reconnects");
+    assert_eq!(d.primary_switches(), primary_switches, "the primary stayed where it was");
+    d.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     if support::external() {
@@ -758,6 +818,108 @@ async fn a_sentinel_user_without_the_failover_state_channels_still_follows_the_s
     // The only refusal is the optional subscription, asked again at each resubscription.
     assert!(sentinel_log.contains("+failover-state-send-slaveof-noone"), "{sentinel_log}");
     assert!(!sentinel_log.contains("get-master-addr"), "{sentinel_log}");
+}
+
+/// The `driver` and `code` fields of every log event, in order (a process-wide subscriber:
+/// the driver's tasks run on the runtime's threads, and other tests' drivers log too). As in
+/// `tests/cluster.rs`.
+fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    static CODES: std::sync::OnceLock<std::sync::Mutex<Vec<(u64, String)>>> =
+        std::sync::OnceLock::new();
+    struct Codes;
+    struct Code(u64, Option<String>);
+    impl tracing::field::Visit for Code {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "code" {
+                self.1 = Some(value.to_owned());
+            }
+        }
+        fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+            if field.name() == "driver" {
+                self.0 = value;
+            }
+        }
+        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Codes {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target() != dokebi_lock_redis::events::TARGET {
+                return;
+            }
+            let mut code = Code(0, None);
+            event.record(&mut code);
+            if let Some(name) = code.1 {
+                CODES.get().unwrap().lock().unwrap().push((code.0, name));
+            }
+        }
+    }
+    CODES.get_or_init(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Codes));
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
+/// How many commands `server` refused by ACL (`ACL LOG` folds repeats into one entry's
+/// `count`).
+fn denials(server: &Sentinel) -> u64 {
+    let log = server.command(&["ACL", "LOG"]);
+    let lines: Vec<&str> = log.split("\r\n").collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == "count")
+        .filter_map(|w| w[1].strip_prefix(':')?.parse::<u64>().ok())
+        .sum()
+}
+
+/// How many times the driver `id` logged `code`.
+fn logged(id: u64, code: &str) -> usize {
+    recorded_codes().lock().unwrap().iter().filter(|(d, c)| *d == id && c == code).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_failover_state_subscription_is_logged_once_to_each_driver_that_meets_it() {
+    if support::external() {
+        return; // needs throwaway servers
+    }
+    recorded_codes();
+    const CODE: &str = "LOCK_FAILOVER_HOLD_UNAVAILABLE";
+    let primary = RedisServer::start_primary();
+    let sentinel = Sentinel::start(MASTER, &primary, &[OLDER_SENTINEL_RULE]);
+    let url = format!("redis-sentinel://127.0.0.1:{}#{MASTER}", sentinel.port());
+    let as_watcher = || {
+        common::connection(
+            &url,
+            &[
+                ("sentinelUsername", Raw::String("watcher".into())),
+                ("sentinelPassword", Raw::String("w4tcher".into())),
+            ],
+        )
+    };
+    let (first, second) = (driver(as_watcher(), "hold", &[]), driver(as_watcher(), "hold", &[]));
+    for d in [&first, &second] {
+        let lease = acquire(d, "k", 5_000).await.unwrap(); // connected: the watcher starts
+        eventually("the refusal to reach this driver's logger", Duration::from_secs(10), || {
+            logged(d.id(), CODE) == 1
+        })
+        .await;
+        assert!(d.release(&lease).await.unwrap());
+    }
+    // The watchers subscribe again and meet the same refusal: nothing new to say.
+    let refused_before = denials(&sentinel);
+    assert_eq!(sentinel.command(&["CLIENT", "KILL", "TYPE", "pubsub"]), ":2\r\n");
+    eventually("both watchers to be refused again", Duration::from_secs(10), || {
+        denials(&sentinel) >= refused_before + 2
+    })
+    .await;
+    for d in [&first, &second] {
+        assert_eq!(logged(d.id(), CODE), 1, "said once per driver");
+        d.shutdown().await.unwrap();
+    }
 }
 
 /// Locks, renews, a failover, a release that wakes a waiter, as the least-privileged users

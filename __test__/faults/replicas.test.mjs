@@ -65,4 +65,17 @@ describe('minReplicas', { skip }, () => {
       (err) => err.code === 'INVALID_OPTIONS' && err.message.includes('minReplicas'),
     );
   });
+
+  test('with minReplicas, a replicaTimeoutMs not below commandTimeoutMs is INVALID_OPTIONS naming both, never a value (decision 0130)', () => {
+    for (const replicaTimeoutMs of [1234, 4321]) {
+      assert.throws(
+        () => createRedisLockDriver({ url: 'redis://127.0.0.1:1', commandTimeoutMs: 1234 }, backend('w', { minReplicas: 1, replicaTimeoutMs })),
+        (err) => err.code === 'INVALID_OPTIONS' && err.message.includes('options.replicaTimeoutMs')
+          && err.message.includes('connection.commandTimeoutMs') && !/1234|4321/.test(err.message),
+      );
+    }
+    // Without minReplicas no WAIT is sent: any replicaTimeoutMs is accepted.
+    const d = createRedisLockDriver({ url: 'redis://127.0.0.1:1', commandTimeoutMs: 100 }, backend('w', { replicaTimeoutMs: 500 }));
+    return d.shutdown();
+  });
 });

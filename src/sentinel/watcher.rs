@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::{address, pause, Sentinel};
+use crate::events;
 
 const CHANNEL: &str = "+switch-master";
 /// The leading Sentinel's word that it is promoting a replica, and that it gave up (decision
@@ -30,9 +31,6 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A subscription held at least this long was a working one: the backoff starts over.
 const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
-
-/// Logged once per process: every watcher of every driver would meet the same ACL.
-static REFUSAL_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// Keeps a subscription on the Sentinel at `index` until the link closes.
 pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
@@ -60,11 +58,14 @@ async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubS
         let mut pubsub = sentinel.sentinels[index].get_async_pubsub().await?;
         pubsub.subscribe(CHANNEL).await?;
         if let Err(err) = pubsub.subscribe(&[FAILOVER_BEGINS, FAILOVER_ABORTED]).await {
-            if !REFUSAL_LOGGED.swap(true, Ordering::Relaxed) {
-                tracing::debug!(
-                    code = err.code().unwrap_or("none"),
-                    "Sentinel refused the failover-state channels; following +switch-master only"
-                );
+            // Anything but a refusal (a timeout, a lost connection) is a failed
+            // subscription like any other, taken again after the backoff: the hold is not
+            // given up for it.
+            if !refused(&err) {
+                return Err(err);
+            }
+            if first_refusal(&sentinel.hold_refusal_logged) {
+                events::failover_hold_unavailable(sentinel.driver_id);
             }
         }
         Ok::<_, redis::RedisError>(pubsub.into_on_message())
@@ -125,6 +126,17 @@ async fn ask(sentinel: &Sentinel) -> bool {
     true
 }
 
+/// Whether the server itself refused the subscription (the Sentinel user's ACL): that is
+/// for good. A timeout or an I/O error says nothing about the ACL.
+fn refused(err: &redis::RedisError) -> bool {
+    err.code().is_some()
+}
+
+/// True the first time a driver's watchers meet a refusal.
+fn first_refusal(logged: &AtomicBool) -> bool {
+    !logged.swap(true, Ordering::Relaxed)
+}
+
 /// The old and the new primary's addresses in `<name> <old-ip> <old-port> <new-ip>
 /// <new-port>`, when the announcement is about our master name.
 fn announced(payload: &str, master_name: &str) -> Option<(String, String)> {
@@ -163,6 +175,22 @@ mod tests {
         assert_eq!(announced("other 127.0.0.1 1 127.0.0.1 2", "m"), None);
         assert_eq!(announced("m ::1 1 ::1 2", "m"), pair("[::1]:1", "[::1]:2"));
         assert_eq!(announced("m garbage", "m"), None);
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_failover_state_channels_is_logged_and_only_once() {
+        let timeout = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!refused(&timeout), "a timeout is not a refusal");
+        let lost = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(!refused(&lost), "a lost connection is not a refusal");
+        let noperm = redis::parse_redis_value(b"-NOPERM no permissions to access a channel\r\n")
+            .unwrap()
+            .extract_error()
+            .unwrap_err();
+        assert!(refused(&noperm));
+        let logged = AtomicBool::new(false);
+        assert!(first_refusal(&logged));
+        assert!(!first_refusal(&logged), "once per driver");
     }
 
     #[test]
