@@ -200,7 +200,7 @@ type LogFn = ThreadsafeFunction<
 static LOGGERS: LazyLock<Mutex<HashMap<u64, Arc<LogFn>>>> = LazyLock::new(Default::default);
 
 fn loggers() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<LogFn>>> {
-    LOGGERS.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(&LOGGERS)
 }
 
 /// Routes the driver's `tracing` events to the logger of the driver that emitted them.

@@ -39,7 +39,7 @@ impl Driver {
     /// A cleanup that gives up while shutdown runs makes shutdown report CLEANUP_FAILED.
     pub(crate) fn note_cleanup_failure(&self, err: LockError) {
         if self.inner.stopping.is_cancelled() {
-            self.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
+            crate::sync::lock(&self.inner.cleanup_failures).push(err);
         }
     }
 

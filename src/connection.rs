@@ -232,7 +232,7 @@ impl RedisLink {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// The Sentinel epoch now (0 without Sentinel).

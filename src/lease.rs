@@ -101,7 +101,7 @@ impl Lease {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Times> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     pub fn valid(&self) -> bool {
@@ -192,7 +192,7 @@ pub enum Refused {
 
 impl Registry {
     fn map(&self) -> std::sync::MutexGuard<'_, Tracked> {
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.leases)
     }
 
     pub fn len(&self) -> usize {

@@ -19,6 +19,7 @@ pub mod scripts;
 pub mod sentinel;
 pub mod shutdown;
 pub mod stats;
+mod sync;
 pub mod waiters;
 
 // napi-derive registers nothing in a test build, so there the binding would be dead code.

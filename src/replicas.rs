@@ -63,7 +63,7 @@ impl Replicas {
             return Ok(());
         }
         let round = {
-            let mut map = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = crate::sync::lock(&self.rounds);
             let rounds = map.entry(conn.generation()).or_default();
             match (&rounds.in_flight, &rounds.next) {
                 // Not sent yet, and sent only after this moment: it covers us.
@@ -93,14 +93,14 @@ impl Replicas {
         let task = tokio::spawn(async move {
             if let Some(previous) = previous {
                 let _ = previous.await;
-                let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
+                let mut map = crate::sync::lock(&rounds);
                 let entry = map.entry(generation).or_default();
                 if let Some(me) = entry.next.take() {
                     entry.in_flight = Some((id, me));
                 }
             }
             let result = wait(&link, &conn, min, timeout_ms, local_limit).await;
-            let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = crate::sync::lock(&rounds);
             if let Some(entry) = map.get_mut(&generation) {
                 if entry.in_flight.as_ref().is_some_and(|(i, _)| *i == id) {
                     entry.in_flight = None;

@@ -132,7 +132,7 @@ impl Sentinel {
     }
 
     fn confirmed(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.confirmed)
     }
 
     /// The primary's address by `SENTINEL GET-MASTER-ADDR-BY-NAME`, from the first Sentinel

@@ -52,8 +52,7 @@ impl Driver {
                 }
             }
             inner.tasks.wait().await;
-            failures
-                .extend(inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+            failures.extend(crate::sync::lock(&inner.cleanup_failures).drain(..));
             failures
         };
         let timeout = Duration::from_millis(inner.options.shutdown_timeout_ms.into());

@@ -89,7 +89,7 @@ pub struct Place {
 
 impl Lines {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Line>>> {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.lines)
     }
 
     /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
@@ -132,7 +132,7 @@ impl Lines {
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, (usize, Option<Instant>)> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.waiting)
     }
 
     fn start_waiting(&self) {
@@ -285,7 +285,7 @@ impl Line {
         // a whole window without that many, so a fast process that happened to win again
         // soon does not talk itself into competing early (one lucky hand-off is no evidence).
         let turns = heard.saturating_sub(1);
-        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let mut window = crate::sync::lock(&self.window);
         window.0 = window.0.max(turns);
         window.1 += 1;
         let known = self.competitors.load(Ordering::Acquire);
@@ -335,7 +335,7 @@ impl Line {
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.queue)
     }
 }
 

@@ -138,7 +138,7 @@ unsafe extern "C" fn has_ref_cb(
 }
 
 fn lock(handle: &Mutex<Option<usize>>) -> std::sync::MutexGuard<'_, Option<usize>> {
-    handle.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(handle)
 }
 
 /// This thread's settler, created on first use.
