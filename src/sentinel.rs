@@ -309,10 +309,37 @@ impl Sentinel {
         }
     }
 
+    /// Whether a command connection of `epoch`, opened at `opened`, may carry another
+    /// command: not once the primary changed, nor while it is held (the failover hold's
+    /// whole rule, decision 0051; the link asks before each command). The refusal says
+    /// which, and that nothing was sent.
+    pub fn admits(&self, epoch: u64, opened: Instant) -> Result<(), RedisFailure> {
+        if self.epoch() != epoch {
+            return Err(RedisFailure::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                "the primary changed before the command was sent",
+            ));
+        }
+        if self.holds(epoch, opened) {
+            return Err(failover_in_progress());
+        }
+        Ok(())
+    }
+
+    /// Whether a new connection may be opened to `address`: not to the primary a failover
+    /// in progress is leaving.
+    pub fn admits_address(&self, address: &str) -> Result<(), RedisFailure> {
+        if self.is_held(address) {
+            return Err(failover_in_progress());
+        }
+        Ok(())
+    }
+
     /// Whether a connection of `epoch` opened at `opened` is held back by a failover in
     /// progress: every connection during the hold; after it, those opened before it began
     /// (the Sentinels are asked afresh, as after a lost connection).
-    pub fn holds(&self, epoch: u64, opened: Instant) -> bool {
+    fn holds(&self, epoch: u64, opened: Instant) -> bool {
         let known = self.confirmed();
         match known.failover_began {
             Some(began) if self.epoch() == epoch => {
@@ -323,7 +350,7 @@ impl Sentinel {
     }
 
     /// Whether `address` is the primary a failover in progress is leaving: not connected to.
-    pub fn is_held(&self, address: &str) -> bool {
+    fn is_held(&self, address: &str) -> bool {
         let known = self.confirmed();
         known.address.as_deref() == Some(address)
             && known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD)
@@ -391,7 +418,7 @@ pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), Red
 
 /// A failover is moving the primary away from the node a connection is to: nothing was
 /// sent, and a waiting acquire rides it out like a primary that is not one (yet).
-pub fn failover_in_progress() -> RedisFailure {
+fn failover_in_progress() -> RedisFailure {
     RedisFailure::new(
         RedisErrorCode::ConnectionFailed,
         Outcome::NotSubmitted,
