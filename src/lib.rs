@@ -3,6 +3,7 @@
 //! Everything but [`binding`] is plain Rust with no napi types, tested by `cargo test`.
 
 mod attempt;
+mod backoff;
 mod cleanup;
 pub mod connection;
 pub mod driver;
