@@ -77,9 +77,7 @@ fn internal_error(what: &str, code: LockErrorCode) -> NativeError {
 /// panic, so the suite can see what a caller gets from a bug. Not an option; unset, it
 /// costs one load of a static.
 fn test_panic(call: &str) -> bool {
-    static PANICS: LazyLock<Option<String>> =
-        LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_TEST_PANIC").ok());
-    PANICS.as_deref().is_some_and(|calls| calls.split(',').any(|c| c == call))
+    crate::switches::test_panic(call)
 }
 
 /// The codes of the contract, for `LockErrorCode` in index.js.
@@ -295,12 +293,9 @@ fn install_log_layer() {
 /// thread started after that would spawn onto a stopped runtime, its promises never
 /// settling. A static is never dropped, so this one runs until the process exits.
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1usize);
+    let threads = crate::switches::worker_threads();
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
+        .worker_threads(threads)
         .thread_name("dokebi-lock-redis")
         .enable_all()
         .build()

@@ -89,12 +89,16 @@ impl Driver {
             Notifications::PerKey(Arc::new(KeySubscriptions::new(
                 id,
                 &options.namespace,
-                notifications_enabled(),
+                crate::switches::notifications_enabled(),
                 connection.cluster,
             )))
         } else {
             let channel = keys::released_channel(&options.namespace);
-            Notifications::Namespace(Arc::new(Notifier::new(id, channel, notifications_enabled())))
+            Notifications::Namespace(Arc::new(Notifier::new(
+                id,
+                channel,
+                crate::switches::notifications_enabled(),
+            )))
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -615,12 +619,6 @@ impl Driver {
             }
         }
     }
-}
-
-/// `DOKEBI_LOCK_REDIS_NOTIFICATIONS=0` turns release notifications off, so waiters only
-/// poll: the "before" of the contention benchmark (docs/decisions/0007).
-fn notifications_enabled() -> bool {
-    std::env::var("DOKEBI_LOCK_REDIS_NOTIFICATIONS").map_or(true, |v| v != "0")
 }
 
 /// tokio's timer counts whole milliseconds (a 300 µs sleep lasts 1–2 ms); a head start

@@ -20,6 +20,7 @@ pub mod scripts;
 pub mod sentinel;
 pub mod shutdown;
 pub mod stats;
+mod switches;
 mod sync;
 pub mod waiters;
 

@@ -34,7 +34,7 @@ impl Mutant {
 pub fn active() -> Option<Mutant> {
     static ACTIVE: std::sync::LazyLock<Option<Mutant>> =
         std::sync::LazyLock::new(|| {
-            let name = std::env::var("DOKEBI_LOCK_REDIS_CHAOS_MUTANT").ok()?;
+            let name = crate::switches::chaos_mutant()?;
             Some(Mutant::from_name(&name).unwrap_or_else(|| {
                 panic!("DOKEBI_LOCK_REDIS_CHAOS_MUTANT: unknown mutant {name:?}")
             }))

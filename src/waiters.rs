@@ -233,13 +233,7 @@ impl Lines {
 /// a sleeping process and sending one command takes on a busy 2-core machine (decision
 /// 0010). `DOKEBI_LOCK_REDIS_HEAD_START_US` sets it for experiments; 0 turns it off.
 fn head_start() -> std::time::Duration {
-    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300)
-    });
-    std::time::Duration::from_micros(*MICROS)
+    crate::switches::head_start()
 }
 
 /// The step of the staggered head start (decision 0070): a first waiter woken by a release
@@ -248,13 +242,7 @@ fn head_start() -> std::time::Duration {
 /// `DOKEBI_LOCK_REDIS_STAGGER_US` sets it for experiments; 0 returns to decision 0010's
 /// head start for the releasing process alone.
 fn stagger_step() -> std::time::Duration {
-    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_STAGGER_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1500)
-    });
-    std::time::Duration::from_micros(*MICROS)
+    crate::switches::stagger_step()
 }
 
 /// Acquisitions over which a line takes the most other turns it saw as its count.
