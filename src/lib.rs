@@ -2,9 +2,7 @@
 //!
 //! Everything but [`binding`] is plain Rust with no napi types, tested by `cargo test`.
 
-mod attempt;
 mod backoff;
-mod cleanup;
 pub mod connection;
 pub mod driver;
 pub mod error;
@@ -18,7 +16,6 @@ pub mod options;
 pub mod replicas;
 pub mod scripts;
 pub mod sentinel;
-pub mod shutdown;
 pub mod stats;
 mod switches;
 mod sync;

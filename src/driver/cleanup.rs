@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::Driver;
 use crate::backoff::Backoff;
-use crate::driver::Driver;
 use crate::error::{LockError, Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::driver::Driver;
+use super::Driver;
 use crate::error::{LockError, LockErrorCode};
 
 impl Driver {
