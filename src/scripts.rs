@@ -6,7 +6,7 @@ use redis::{Script, Value};
 
 use crate::connection::ScriptCall;
 use crate::keys::{self, KeyNames};
-use crate::mutants::{self, Mutant};
+use crate::mutants;
 use crate::options::NotificationMode;
 
 /// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
@@ -17,7 +17,7 @@ pub struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
         Self { name, source, script: Script::new(source) }
     }
     pub fn sha(&self) -> &str {
@@ -37,36 +37,13 @@ pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew",
 /// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
 /// (only in a `chaos-mutants` build, see [`crate::mutants`]).
 pub fn acquire() -> &'static LuaScript {
-    static COUNTER_RESTARTS: LazyLock<LuaScript> = LazyLock::new(|| {
-        let source = mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
-        LuaScript::new("acquire", Box::leak(source.into_boxed_str()))
-    });
-    match mutants::active() {
-        Some(Mutant::CounterRestarts) => &COUNTER_RESTARTS,
-        _ => &ACQUIRE,
-    }
+    mutants::script(&ACQUIRE)
 }
 
 /// The release script this process runs: [`RELEASE`], or [`RELEASE_KEYED`] for per-key
 /// notifications, unless a chaos mutant replaces them.
 fn release(keyed: bool) -> &'static LuaScript {
-    static WITHOUT_OWNER_CHECK: LazyLock<[LuaScript; 2]> = LazyLock::new(|| {
-        [("release", RELEASE_SOURCE), ("release_keyed", RELEASE_KEYED_SOURCE)].map(
-            |(name, source)| {
-                let source = mutants::patch(
-                    source,
-                    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then",
-                    "if redis.call('EXISTS', KEYS[1]) == 0 then",
-                );
-                LuaScript::new(name, Box::leak(source.into_boxed_str()))
-            },
-        )
-    });
-    match (mutants::active(), keyed) {
-        (Some(Mutant::ReleaseWithoutOwnerCheck), _) => &WITHOUT_OWNER_CHECK[usize::from(keyed)],
-        (_, false) => &RELEASE,
-        (_, true) => &RELEASE_KEYED,
-    }
+    mutants::script(if keyed { &RELEASE_KEYED } else { &RELEASE })
 }
 
 pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
@@ -257,14 +234,5 @@ mod tests {
         assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
         let both = ReleaseChannels::new("svc", NotificationMode::Both, true).call(&k, "tok");
         assert_eq!(both.args, ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]);
-    }
-
-    #[test]
-    fn the_mutant_patches_still_find_their_lines_in_the_real_scripts() {
-        // A script edit that moved a marker would make the mutant build panic at its first
-        // use; this says so in `cargo test` instead.
-        mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
-        mutants::patch(RELEASE_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
-        mutants::patch(RELEASE_KEYED_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
     }
 }
