@@ -4,6 +4,10 @@
 //! index.js turns the error objects into `LockError`s: napi cannot reject with a custom
 //! error class or code (shared/NOTES.md).
 
+// The #[napi] items are JS exports registered by napi-derive, not Rust API reached from the
+// crate root.
+#![allow(unreachable_pub)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Once};
 

@@ -5,9 +5,9 @@
 
 use crate::error::RedisFailure;
 
-pub const TARGET: &str = "dokebi_lock_redis::event";
+pub(crate) const TARGET: &str = "dokebi_lock_redis::event";
 
-pub fn eviction_unsafe(driver: u64, policy: &str) {
+pub(crate) fn eviction_unsafe(driver: u64, policy: &str) {
     tracing::error!(
         target: TARGET,
         driver,
@@ -17,7 +17,7 @@ pub fn eviction_unsafe(driver: u64, policy: &str) {
     );
 }
 
-pub fn notify_unsupported(driver: u64) {
+pub(crate) fn notify_unsupported(driver: u64) {
     tracing::debug!(
         target: TARGET,
         driver,
@@ -27,7 +27,7 @@ pub fn notify_unsupported(driver: u64) {
     );
 }
 
-pub fn notify_failed(driver: u64, cause: &RedisFailure) {
+pub(crate) fn notify_failed(driver: u64, cause: &RedisFailure) {
     tracing::warn!(
         target: TARGET,
         driver,
@@ -44,7 +44,7 @@ pub fn notify_failed(driver: u64, cause: &RedisFailure) {
 /// Per-key notifications on a Cluster without sharded pub/sub (Redis < 7.0, or SSUBSCRIBE
 /// refused): classic PUBLISH/SUBSCRIBE on the key's channel instead, which every node
 /// relays to every other (decision 0064). Said once per backend.
-pub fn notify_unsharded(driver: u64) {
+pub(crate) fn notify_unsharded(driver: u64) {
     tracing::info!(
         target: TARGET,
         driver,

@@ -20,6 +20,7 @@ pub struct KeyNames {
 }
 
 impl KeyNames {
+    /// The names of `key` in `namespace`.
     pub fn new(namespace: &str, key: &str) -> Self {
         KeyLayout::new(namespace).names(key)
     }
@@ -29,18 +30,18 @@ impl KeyNames {
 /// acquire (its wait line is keyed by the hash), so it is one digest, a hex encoding on the
 /// stack and one allocation per name (docs/perf/README.md).
 #[derive(Debug, Clone)]
-pub struct KeyLayout {
+pub(crate) struct KeyLayout {
     lock: String,
     fence: String,
 }
 
 impl KeyLayout {
-    pub fn new(namespace: &str) -> Self {
+    pub(crate) fn new(namespace: &str) -> Self {
         // The shared hash tag {…} puts both keys in one Cluster slot, so one script can touch both.
         Self { lock: format!("{namespace}:lock:{{"), fence: format!("{namespace}:lock-fence:{{") }
     }
 
-    pub fn names(&self, key: &str) -> KeyNames {
+    pub(crate) fn names(&self, key: &str) -> KeyNames {
         let mut hex = [0u8; 64];
         hex::encode_to_slice(Sha256::digest(key.as_bytes()), &mut hex)
             .expect("a SHA-256 is 32 bytes, 64 in hex");
@@ -57,20 +58,20 @@ impl KeyLayout {
 }
 
 /// `<namespace>:lock-released`, where release publishes the key hash.
-pub fn released_channel(namespace: &str) -> String {
+pub(crate) fn released_channel(namespace: &str) -> String {
     format!("{namespace}:lock-released")
 }
 
 /// `<namespace>:lock-released:{`: with a key's hash and `}`, the channel of that key alone
 /// (`notifications: 'per-key'`). The lock key's hash tag, so in a Cluster the channel
 /// lives in the key's slot (sharded pub/sub, decision 0060).
-pub fn key_released_prefix(namespace: &str) -> String {
+pub(crate) fn key_released_prefix(namespace: &str) -> String {
     format!("{namespace}:lock-released:{{")
 }
 
 /// Validates a key given as UTF-16 code units, before any conversion: a lone surrogate
 /// would otherwise become U+FFFD and share a lock with a real U+FFFD.
-pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {
+pub(crate) fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {
     if units.is_empty() {
         return Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must not be empty"));
     }

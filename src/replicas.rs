@@ -33,6 +33,8 @@ struct Rounds {
 
 type ByConnection = Arc<Mutex<HashMap<u64, Rounds>>>;
 
+/// WAIT for minReplicas acknowledgements, one WAIT shared by the writes of a connection
+/// (decisions 0025–0027).
 pub struct Replicas {
     min: u32,
     timeout_ms: u32,
@@ -44,6 +46,7 @@ pub struct Replicas {
 }
 
 impl Replicas {
+    /// WAIT for the backend's minReplicas, within replicaTimeoutMs.
     pub fn new(options: &BackendOptions, command_timeout: Duration) -> Self {
         Self {
             min: options.min_replicas,

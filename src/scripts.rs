@@ -25,18 +25,19 @@ impl LuaScript {
     }
 }
 
-pub static ACQUIRE: LazyLock<LuaScript> =
+pub(crate) static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
-pub static RELEASE: LazyLock<LuaScript> =
+pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
 /// Release for `notifications: 'per-key'` and `'both'` (release.lua stays the default's).
-pub static RELEASE_KEYED: LazyLock<LuaScript> =
+pub(crate) static RELEASE_KEYED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release_keyed", RELEASE_KEYED_SOURCE));
-pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+pub(crate) static RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
 
 /// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
 /// (only in a `chaos-mutants` build, see [`crate::mutants`]).
-pub fn acquire() -> &'static LuaScript {
+pub(crate) fn acquire() -> &'static LuaScript {
     mutants::script(&ACQUIRE)
 }
 
@@ -46,13 +47,14 @@ fn release(keyed: bool) -> &'static LuaScript {
     mutants::script(if keyed { &RELEASE_KEYED } else { &RELEASE })
 }
 
-pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
-pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
-pub const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+pub(crate) const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
+pub(crate) const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
+pub(crate) const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+/// The release script of per-key notifications.
 pub const RELEASE_KEYED_SOURCE: &str = include_str!("scripts/release_keyed.lua");
 
 /// Where a release announces itself, per `notifications` (decision 0060).
-pub struct ReleaseChannels {
+pub(crate) struct ReleaseChannels {
     mode: NotificationMode,
     /// `<namespace>:lock-released`.
     namespace: String,
@@ -63,7 +65,7 @@ pub struct ReleaseChannels {
 }
 
 impl ReleaseChannels {
-    pub fn new(namespace: &str, mode: NotificationMode, cluster: bool) -> Self {
+    pub(crate) fn new(namespace: &str, mode: NotificationMode, cluster: bool) -> Self {
         Self {
             mode,
             namespace: keys::released_channel(namespace),
@@ -74,7 +76,7 @@ impl ReleaseChannels {
 
     /// The release script for `keys` and `token`. The namespace default sends exactly what
     /// the TypeScript driver sends.
-    pub fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
+    pub(crate) fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
         if self.mode == NotificationMode::Namespace {
             return ScriptCall {
                 script: release(false),
@@ -97,7 +99,7 @@ impl ReleaseChannels {
 
 /// ARGV of the acquire script. Without a `fenceTtlMs` the arguments are the same two as
 /// before the option existed.
-pub fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
+pub(crate) fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
     let mut args = vec![token.to_owned(), lease_ms.to_string()];
     args.extend(fence_ttl_ms.map(|ttl| ttl.to_string()));
     args
@@ -105,7 +107,7 @@ pub fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Ve
 
 /// What an acquire reply means.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AcquireReply {
+pub(crate) enum AcquireReply {
     /// Ours, with this fence (a positive decimal string, compared as a big integer).
     Acquired(String),
     /// Held by another token; the holder's PTTL, or `None` from a pre-0.1.4 script.
@@ -114,7 +116,7 @@ pub enum AcquireReply {
 
 /// Anything but a positive decimal string, an integer of at least -2, or nil is not a
 /// reply our script gives: the caller treats it as OUTCOME_UNKNOWN.
-pub fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
+pub(crate) fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
     match reply {
         Value::BulkString(bytes) => positive_decimal(bytes).map(AcquireReply::Acquired),
         Value::SimpleString(s) => positive_decimal(s.as_bytes()).map(AcquireReply::Acquired),
@@ -134,7 +136,7 @@ fn positive_decimal(bytes: &[u8]) -> Option<String> {
 
 /// What a release reply means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseReply {
+pub(crate) enum ReleaseReply {
     /// The key was no longer ours.
     NotOurs,
     /// This call deleted the key; `listeners` subscriber connections heard the notification.
@@ -142,7 +144,7 @@ pub enum ReleaseReply {
 }
 
 /// Release answers 0 (not ours) or 1 + the listeners of its notification.
-pub fn parse_release(reply: &Value) -> Option<ReleaseReply> {
+pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
     match reply {
         Value::Int(0) => Some(ReleaseReply::NotOurs),
         Value::Int(n) if *n >= 1 => Some(ReleaseReply::Deleted { listeners: (*n - 1) as u64 }),
@@ -151,7 +153,7 @@ pub fn parse_release(reply: &Value) -> Option<ReleaseReply> {
 }
 
 /// Renew answers 1 (done) or 0 (not ours); anything else is unexpected.
-pub fn parse_flag(reply: &Value) -> Option<bool> {
+pub(crate) fn parse_flag(reply: &Value) -> Option<bool> {
     match reply {
         Value::Int(1) => Some(true),
         Value::Int(0) => Some(false),

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::error::{LockError, LockErrorCode};
 
-pub struct Lines {
+pub(crate) struct Lines {
     lines: Mutex<HashMap<Arc<str>, Arc<Line>>>,
     next_ticket: AtomicU64,
     /// Acquires that really wait (see [`Place::mark_waiting`]), and when the last of them
@@ -38,7 +38,7 @@ impl Default for Lines {
 }
 
 /// One key's line.
-pub struct Line {
+pub(crate) struct Line {
     queue: Mutex<VecDeque<(u64, Arc<Notify>)>>,
     /// Wakes the first waiter early: a release notification, or a new subscription.
     pub wake: Notify,
@@ -78,7 +78,7 @@ impl Default for Line {
 }
 
 /// A waiter's place in its line; leaving (drop) passes the turn on.
-pub struct Place {
+pub(crate) struct Place {
     lines: Arc<Lines>,
     hash: Arc<str>,
     pub line: Arc<Line>,
@@ -94,7 +94,7 @@ impl Lines {
 
     /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
-    pub fn join(
+    pub(crate) fn join(
         self: &Arc<Self>,
         hash: &Arc<str>,
         only_if_empty: bool,
@@ -155,17 +155,17 @@ impl Lines {
 
     /// When the last acquire of this backend that really waited left, or `None` while one
     /// waits.
-    pub fn idle_since(&self) -> Option<Instant> {
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
         self.waiting().1
     }
 
     /// Resolves when the backend went from idle to waiting or back.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }
 
     /// This backend is releasing `hash`: its line (if any) no longer holds it.
-    pub fn releasing(&self, hash: &str) {
+    pub(crate) fn releasing(&self, hash: &str) {
         if let Some(line) = self.map().get(hash).cloned() {
             line.held_here.store(false, Ordering::Release);
             if self.others_listening.load(Ordering::Acquire) > 0 {
@@ -175,16 +175,16 @@ impl Lines {
     }
 
     /// A release by this backend was heard by `others` other processes.
-    pub fn heard_release(&self, others: u64) {
+    pub(crate) fn heard_release(&self, others: u64) {
         self.others_listening.store(others, Ordering::Release);
     }
 
-    pub fn others_listening(&self) -> u64 {
+    pub(crate) fn others_listening(&self) -> u64 {
         self.others_listening.load(Ordering::Acquire)
     }
 
     /// A release of `hash` was announced: wakes the first waiter of its line, if there is one.
-    pub fn wake(&self, hash: &str) -> bool {
+    pub(crate) fn wake(&self, hash: &str) -> bool {
         let line = self.map().get(hash).cloned();
         line.map(|l| {
             l.announced();
@@ -195,14 +195,14 @@ impl Lines {
 
     /// Wakes the first waiter of the line of `hash` to check once more, without a release
     /// announced (a new subscription to the key).
-    pub fn check_again(&self, hash: &str) {
+    pub(crate) fn check_again(&self, hash: &str) {
         if let Some(line) = self.map().get(hash).cloned() {
             line.wake.notify_one();
         }
     }
 
     /// Wakes the first waiter of every line.
-    pub fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         let lines: Vec<_> = self.map().values().cloned().collect();
         for line in lines {
             line.wake.notify_one();
@@ -210,21 +210,17 @@ impl Lines {
     }
 
     /// Whether the key of `hash` has a line (an acquire in progress).
-    pub fn contains(&self, hash: &str) -> bool {
+    pub(crate) fn contains(&self, hash: &str) -> bool {
         self.map().contains_key(hash)
     }
 
     /// Waiters of this backend, over all lines.
-    pub fn waiters(&self) -> usize {
+    pub(crate) fn waiters(&self) -> usize {
         self.map().values().map(|l| l.queue().len()).sum()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -261,7 +257,7 @@ impl Line {
         self.notified.store(true, Ordering::Release);
     }
 
-    pub fn mark_held_here(&self) {
+    pub(crate) fn mark_held_here(&self) {
         self.held_here.store(true, Ordering::Release);
         let heard = self.heard_since_acquired.swap(0, Ordering::AcqRel);
         if heard == u32::MAX {
@@ -285,14 +281,14 @@ impl Line {
         }
     }
 
-    pub fn held_here(&self) -> bool {
+    pub(crate) fn held_here(&self) -> bool {
         self.held_here.load(Ordering::Acquire)
     }
 
     /// The head start to give other processes before trying, once, after a release woke
     /// the first waiter: decision 0010's for this backend's own release, or with a stagger
     /// step (decision 0070) one step per other process that may be owed a turn before us.
-    pub fn head_start(&self, others: u64) -> Option<std::time::Duration> {
+    pub(crate) fn head_start(&self, others: u64) -> Option<std::time::Duration> {
         let own = self.yield_next_wake.swap(false, Ordering::AcqRel);
         let notified = self.notified.swap(false, Ordering::AcqRel);
         let step = stagger_step();
@@ -317,7 +313,7 @@ impl Line {
         (own && !head_start.is_zero()).then_some(head_start)
     }
 
-    pub fn forget_head_start(&self) {
+    pub(crate) fn forget_head_start(&self) {
         self.yield_next_wake.store(false, Ordering::Release);
         self.notified.store(false, Ordering::Release);
     }
@@ -329,13 +325,13 @@ impl Line {
 
 impl Place {
     /// Resolves once this waiter is first in its line.
-    pub async fn turn(&self) {
+    pub(crate) async fn turn(&self) {
         self.turn.notified().await;
     }
 
     /// This acquire really waits: it queued behind another, or Redis said busy. Until the
     /// last such acquire leaves, the backend is not idle (the subscription stays).
-    pub fn mark_waiting(&self) {
+    pub(crate) fn mark_waiting(&self) {
         if !self.waiting.swap(true, Ordering::AcqRel) {
             self.lines.start_waiting();
         }
@@ -365,13 +361,13 @@ impl Drop for Place {
 
 /// Counts the acquires in progress on a backend (`maxWaiters`).
 #[derive(Default)]
-pub struct InProgress(Arc<AtomicUsize>);
+pub(crate) struct InProgress(Arc<AtomicUsize>);
 
 /// One acquire in progress; dropping it frees the slot.
-pub struct InProgressGuard(Arc<AtomicUsize>);
+pub(crate) struct InProgressGuard(Arc<AtomicUsize>);
 
 impl InProgress {
-    pub fn enter(&self, max: usize) -> Result<InProgressGuard, LockError> {
+    pub(crate) fn enter(&self, max: usize) -> Result<InProgressGuard, LockError> {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .map(|_| InProgressGuard(self.0.clone()))
@@ -383,7 +379,7 @@ impl InProgress {
             })
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.load(Ordering::Acquire)
     }
 }
@@ -430,7 +426,7 @@ mod tests {
         drop(a);
         assert!(is_first(&c).await);
         drop(c);
-        assert!(lines.is_empty(), "an empty line is forgotten");
+        assert_eq!(lines.len(), 0, "an empty line is forgotten");
     }
 
     #[tokio::test]

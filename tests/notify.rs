@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::{calls, driver, eventually, hash, url};
-use dokebi_lock_redis::notify::SubscriptionState;
+use dokebi_lock_redis::testing::SubscriptionState;
 use dokebi_lock_redis::LockErrorCode;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;

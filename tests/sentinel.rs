@@ -11,8 +11,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::{driver, eventually, hash, value};
-use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::testing::SubscriptionState;
+use dokebi_lock_redis::Raw;
 use dokebi_lock_redis::{Driver, LockErrorCode, Outcome, RedisErrorCode};
 use support::{role, wait_for_replicas, RedisServer, Sentinel};
 use tokio_util::sync::CancellationToken;

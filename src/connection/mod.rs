@@ -122,6 +122,8 @@ enum Target {
     Sentinel(Arc<Sentinel>),
 }
 
+/// The connection of one backend (decision 0004): where it connects, the connection
+/// open now and its generation.
 pub struct RedisLink {
     target: Target,
     tls: Option<TlsOptions>,
@@ -133,6 +135,7 @@ pub struct RedisLink {
     cluster_url: Option<String>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
+    /// commandTimeoutMs: how long a command's reply is waited for.
     pub command_timeout: Duration,
     state: Mutex<State>,
     generation: AtomicU64,

@@ -104,7 +104,7 @@ impl RedisLink {
 }
 
 /// The pushes of a sharded subscription connection.
-pub type ShardPushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
+pub(crate) type ShardPushes = tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>;
 
 /// Why a subscription could not be had.
 #[derive(Debug)]

@@ -60,6 +60,7 @@ struct Inner {
 }
 
 /// See [`Driver::downgrade`].
+#[doc(hidden)]
 pub struct WeakDriver(std::sync::Weak<Inner>);
 
 impl WeakDriver {
@@ -69,7 +70,8 @@ impl WeakDriver {
 }
 
 impl Driver {
-    /// Validates nothing itself: pass options from [`crate::options`]. Connects lazily.
+    /// Validates nothing itself: pass options from [`crate::parse_connection`] and
+    /// [`crate::parse_backend`]. Connects lazily.
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
         let link = RedisLink::new(connection, id)?;
@@ -119,28 +121,34 @@ impl Driver {
         })
     }
 
+    /// This backend's number in the process (its log events carry it).
     pub fn id(&self) -> u64 {
         self.inner.id
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// A handle that does not keep the driver alive.
     pub fn downgrade(&self) -> WeakDriver {
         WeakDriver(Arc::downgrade(&self.inner))
     }
 
+    /// The validated options it was created with.
     pub fn options(&self) -> &BackendOptions {
         &self.inner.options
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// Validates a key given as UTF-16 code units against this backend's maxKeyBytes.
     pub fn validate_key(&self, units: &[u16]) -> Result<String, LockError> {
         keys::validate_utf16(units, self.inner.options.max_key_bytes)
     }
 
+    /// Leases handed out and not yet released (what maxTrackedLeases bounds).
     pub fn tracked_leases(&self) -> usize {
         self.inner.leases.len()
     }
 
+    /// Acquires waiting in a line (first waiters included).
     pub fn waiters(&self) -> usize {
         self.inner.lines.waiters()
     }
@@ -150,10 +158,13 @@ impl Driver {
         self.inner.lines.len()
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
+    /// The state of the release-notification subscription.
     pub fn subscription_state(&self) -> crate::notify::SubscriptionState {
         self.inner.notify.state()
     }
 
+    /// Release notifications received since the start.
     pub fn notifications_received(&self) -> u64 {
         self.inner.notify.received()
     }
@@ -174,6 +185,7 @@ impl Driver {
         self.inner.link.primary_switch_count()
     }
 
+    /// A snapshot of the counters `stats()` reports.
     pub fn stats(&self) -> Stats {
         let inner = &self.inner;
         Stats {
@@ -250,12 +262,14 @@ impl Driver {
         }
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// A lease handed out by this backend, by id, while it is tracked: until it is released
     /// (the binding hands leases to JS by id, not as one native object each).
     pub fn lease(&self, id: u64) -> Option<Arc<Lease>> {
         self.inner.leases.get(id)
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::release`] by lease id. A lease no longer tracked was released already (by
     /// `release()` or shutdown): false, asking Redis nothing, as a second `release()` does.
     pub fn release_by_id(
@@ -271,6 +285,7 @@ impl Driver {
         }
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::renew`] by lease id; a lease no longer tracked was released, so it is no
     /// longer valid, as [`Driver::renew`] says of it.
     pub fn renew_by_id(

@@ -17,6 +17,7 @@ impl Driver {
         result
     }
 
+    /// Whether `shutdown()` was called (it may still be running).
     pub fn is_shutting_down(&self) -> bool {
         self.inner.stopping.is_cancelled()
     }
