@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 use redis::{Script, Value};
 
 use crate::connection::ScriptCall;
-use crate::keys::{self, KeyNames};
+use crate::keys::{self, KeyChannels, KeyNames};
 use crate::mutants;
 use crate::options::NotificationMode;
 
@@ -58,8 +58,8 @@ pub(crate) struct ReleaseChannels {
     mode: NotificationMode,
     /// `<namespace>:lock-released`.
     namespace: String,
-    /// `<namespace>:lock-released:{`.
-    key_prefix: String,
+    /// `<namespace>:lock-released:{<hash>}`.
+    key_channels: KeyChannels,
     /// SPUBLISH (Cluster), falling back to PUBLISH where the server lacks it.
     sharded: bool,
 }
@@ -69,7 +69,7 @@ impl ReleaseChannels {
         Self {
             mode,
             namespace: keys::released_channel(namespace),
-            key_prefix: keys::key_released_prefix(namespace),
+            key_channels: KeyChannels::new(namespace),
             sharded: cluster,
         }
     }
@@ -86,7 +86,7 @@ impl ReleaseChannels {
         }
         let mut args = vec![
             token.to_owned(),
-            format!("{}{}}}", self.key_prefix, keys.hash),
+            self.key_channels.channel(&keys.hash),
             keys.hash.to_string(),
             if self.sharded { "1" } else { "0" }.to_owned(),
         ];
