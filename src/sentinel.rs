@@ -1,7 +1,7 @@
 //! Redis Sentinel: which node is the primary, and when that changes (decision 0020).
 //!
 //! The primary is asked of the Sentinels in the listed order and confirmed with `ROLE` by
-//! the connection that then carries the commands (`connection.rs`). Every change of primary
+//! the connection that then carries the commands (`connection/`). Every change of primary
 //! (the first `+switch-master` heard from any Sentinel, or a new address found when
 //! reconnecting) bumps an epoch: a command connection of an older epoch is not used for another command,
 //! and the release-notification subscription moves to the new primary. Before that, from
