@@ -37,7 +37,7 @@ pub use stats::Stats;
 /// not API. Nothing outside this repository may use it.
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::connection::RedisLink;
+    pub use crate::connection::{RedisLink, SubscribeFailure};
     pub use crate::keys::KeyNames;
     pub use crate::notify::SubscriptionState;
     pub use crate::replicas::Replicas;

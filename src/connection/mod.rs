@@ -23,7 +23,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-pub(crate) use pubsub::{refuses_subscribe, ShardPushes, SubscribeFailure};
+pub use pubsub::SubscribeFailure;
+pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
 pub(crate) use script::ScriptCall;
 
 use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
