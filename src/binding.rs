@@ -4,21 +4,26 @@
 //! index.js turns the error objects into `LockError`s: napi cannot reject with a custom
 //! error class or code (shared/NOTES.md).
 
+// The #[napi] items are JS exports registered by napi-derive, not Rust API reached from the
+// crate root.
+#![allow(unreachable_pub)]
+
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Once};
+use std::sync::{Arc, LazyLock};
 
 use napi::bindgen_prelude::*;
-use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{JsString, ValueType};
 use napi_derive::napi;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::Driver;
 use crate::error::{LockError, LockErrorCode, RedisFailure};
-use crate::events;
 use crate::options::{self, Raw};
 
+mod logging;
 mod settle;
+
+use logging::{install_log_layer, loggers, LogFn};
 
 /// Futures, replies and leases are allocated on the tokio thread and freed on the JS thread;
 /// glibc malloc serialises that on its arena locks (docs/decisions/0014).
@@ -77,9 +82,7 @@ fn internal_error(what: &str, code: LockErrorCode) -> NativeError {
 /// panic, so the suite can see what a caller gets from a bug. Not an option; unset, it
 /// costs one load of a static.
 fn test_panic(call: &str) -> bool {
-    static PANICS: LazyLock<Option<String>> =
-        LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_TEST_PANIC").ok());
-    PANICS.as_deref().is_some_and(|calls| calls.split(',').any(|c| c == call))
+    crate::switches::test_panic(call)
 }
 
 /// The codes of the contract, for `LockErrorCode` in index.js.
@@ -176,117 +179,6 @@ pub fn parse_backend(input: Unknown) -> Result<Either<NativeBackendOptions, Nati
     })
 }
 
-// --- logging -------------------------------------------------------------------------
-
-/// One log event for the JS logger adapter: `(level, fields, message)`.
-#[napi(object)]
-pub struct LogFields {
-    pub code: String,
-    pub reason: Option<String>,
-    pub policy: Option<String>,
-    pub cause: Option<NativeRedisError>,
-}
-
-/// Weak: a logger must never keep the Node process alive.
-type LogFn = ThreadsafeFunction<
-    FnArgs<(String, LogFields, String)>,
-    (),
-    FnArgs<(String, LogFields, String)>,
-    Status,
-    false,
-    true,
->;
-
-static LOGGERS: LazyLock<Mutex<HashMap<u64, Arc<LogFn>>>> = LazyLock::new(Default::default);
-
-fn loggers() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<LogFn>>> {
-    LOGGERS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Routes the driver's `tracing` events to the logger of the driver that emitted them.
-struct JsLogLayer;
-
-#[derive(Default)]
-struct EventVisitor {
-    driver: u64,
-    code: String,
-    reason: Option<String>,
-    policy: Option<String>,
-    message: String,
-    cause: HashMap<String, String>,
-    cause_retryable: bool,
-}
-
-impl tracing::field::Visit for EventVisitor {
-    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-        if field.name() == "driver" {
-            self.driver = value;
-        }
-    }
-    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
-        if field.name() == "cause.retryable" {
-            self.cause_retryable = value;
-        }
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        match field.name() {
-            "code" => self.code = value.to_owned(),
-            "reason" => self.reason = Some(value.to_owned()),
-            "policy" => self.policy = Some(value.to_owned()),
-            name => {
-                if let Some(key) = name.strip_prefix("cause.") {
-                    self.cause.insert(key.to_owned(), value.to_owned());
-                }
-            }
-        }
-    }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        }
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for JsLogLayer {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() != events::TARGET {
-            return;
-        }
-        let mut v = EventVisitor::default();
-        event.record(&mut v);
-        let Some(logger) = loggers().get(&v.driver).cloned() else { return };
-        let level = match *event.metadata().level() {
-            tracing::Level::ERROR => "error",
-            tracing::Level::WARN => "warn",
-            tracing::Level::INFO => "info",
-            _ => "debug",
-        };
-        let cause = v.cause.get("code").map(|code| NativeRedisError {
-            code: code.clone(),
-            outcome: v.cause.get("outcome").cloned().unwrap_or_default(),
-            retryable: v.cause_retryable,
-            server_code: v.cause.get("server_code").cloned(),
-            message: v.cause.get("message").cloned().unwrap_or_default(),
-        });
-        let fields = LogFields { code: v.code, reason: v.reason, policy: v.policy, cause };
-        logger.call(
-            (level.to_owned(), fields, v.message).into(),
-            ThreadsafeFunctionCallMode::NonBlocking,
-        );
-    }
-}
-
-fn install_log_layer() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        use tracing_subscriber::layer::SubscriberExt;
-        // Another global subscriber (an embedding app's) wins; then events go there.
-        let _ = tracing::subscriber::set_global_default(
-            tracing_subscriber::registry().with(JsLogLayer),
-        );
-    });
-}
-
 // --- runtime ---------------------------------------------------------------------------
 
 /// The tokio runtime every driver of this process runs on (docs/decisions/0011, 0014). The
@@ -295,12 +187,9 @@ fn install_log_layer() {
 /// thread started after that would spawn onto a stopped runtime, its promises never
 /// settling. A static is never dropped, so this one runs until the process exits.
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    let threads = std::env::var("DOKEBI_LOCK_REDIS_WORKER_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1usize);
+    let threads = crate::switches::worker_threads();
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
+        .worker_threads(threads)
         .thread_name("dokebi-lock-redis")
         .enable_all()
         .build()

@@ -8,23 +8,38 @@ use std::fmt;
 /// `LockError.code` of the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LockErrorCode {
+    /// An option, the connection or a TLS PEM is not valid.
     InvalidOptions,
+    /// The key is empty, not well-formed UTF-16, or longer than maxKeyBytes.
     InvalidKey,
+    /// Another owner holds the key (an acquire that waits 0 ms).
     LockBusy,
+    /// The wait for the key ran out.
     WaitTimeout,
+    /// maxWaiters acquires are already in progress.
     QueueFull,
+    /// maxTrackedLeases leases are already tracked.
     TooManyLeases,
+    /// The caller's AbortSignal fired.
     Aborted,
+    /// The backend is shutting down or shut down.
     ShutDown,
+    /// The lease is no longer valid (expired or released).
     LeaseExpired,
+    /// Redis says the key is no longer held by this lease.
     LeaseLost,
+    /// Redis failed and surely did not apply the command.
     ProviderFailed,
+    /// Redis failed and may have applied the command: never retried automatically.
     OutcomeUnknown,
+    /// Shutdown ran out of shutdownTimeoutMs before every release settled.
     CleanupTimeout,
+    /// A release during shutdown failed.
     CleanupFailed,
 }
 
 impl LockErrorCode {
+    /// Every code, in the contract's order.
     pub const ALL: [LockErrorCode; 14] = [
         Self::InvalidOptions,
         Self::InvalidKey,
@@ -42,6 +57,7 @@ impl LockErrorCode {
         Self::CleanupFailed,
     ];
 
+    /// The name JS sees.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::InvalidOptions => "INVALID_OPTIONS",
@@ -80,6 +96,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The name JS sees.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NotSubmitted => "not-submitted",
@@ -92,14 +109,20 @@ impl Outcome {
 /// The `code` of a RedisError, as @dokebi/redis names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedisErrorCode {
+    /// No connection could be had: nothing was sent.
     ConnectionFailed,
+    /// The connection ended after the command was sent.
     ConnectionLost,
+    /// No reply within commandTimeoutMs.
     CommandTimeout,
+    /// Redis answered with an error reply.
     CommandRejected,
+    /// A reply the scripts never give.
     UnexpectedReply,
 }
 
 impl RedisErrorCode {
+    /// The name JS sees.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ConnectionFailed => "CONNECTION_FAILED",
@@ -114,10 +137,13 @@ impl RedisErrorCode {
 /// A Redis failure, shaped like @dokebi/redis's RedisError so callers classify by structure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisFailure {
+    /// What failed.
     pub code: RedisErrorCode,
+    /// Whether Redis may have applied it.
     pub outcome: Outcome,
     /// The first word of a server error reply (`OOM`, `NOPERM`, `LOADING`…); never its text.
     pub server_code: Option<String>,
+    /// Written by the driver, never forwarded from Redis or the OS.
     pub message: String,
 }
 
@@ -144,6 +170,7 @@ const RIDE_OUT_SERVER_CODES: [&str; 9] = [
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 
 impl RedisFailure {
+    /// A failure with no server code.
     pub fn new(code: RedisErrorCode, outcome: Outcome, message: impl Into<String>) -> Self {
         Self { code, outcome, server_code: None, message: message.into() }
     }
@@ -165,6 +192,7 @@ impl RedisFailure {
         }
     }
 
+    /// No connection within connectTimeoutMs: nothing was sent.
     pub fn connect_timeout() -> Self {
         Self::new(
             RedisErrorCode::ConnectionFailed,
@@ -196,6 +224,7 @@ impl RedisFailure {
         )
     }
 
+    /// No reply within commandTimeoutMs: the outcome is unknown.
     pub fn command_timeout() -> Self {
         Self::new(
             RedisErrorCode::CommandTimeout,
@@ -215,6 +244,7 @@ impl RedisFailure {
         }
     }
 
+    /// A reply of a shape the scripts never give: the outcome is unknown.
     pub fn unexpected_reply() -> Self {
         Self::new(
             RedisErrorCode::UnexpectedReply,
@@ -247,6 +277,7 @@ impl RedisFailure {
         matches!(self.outcome, Outcome::NotSubmitted | Outcome::Rejected)
     }
 
+    /// The server does not have the script (NOSCRIPT): EVAL it once.
     pub fn is_no_script(&self) -> bool {
         self.server_code.as_deref() == Some("NOSCRIPT")
     }
@@ -306,7 +337,9 @@ fn sanitize_code(code: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct LockError {
+    /// The contract's code.
     pub code: LockErrorCode,
+    /// Written by the driver; never holds a key, a token, a password or an address.
     pub message: String,
     /// The Redis failure behind PROVIDER_FAILED / OUTCOME_UNKNOWN.
     pub cause: Option<RedisFailure>,
@@ -315,6 +348,7 @@ pub struct LockError {
 }
 
 impl LockError {
+    /// An error with no cause.
     pub fn new(code: LockErrorCode, message: impl Into<String>) -> Self {
         Self { code, message: message.into(), cause: None, causes: Vec::new() }
     }
@@ -335,10 +369,12 @@ impl LockError {
         Self { code, message, cause: Some(failure), causes: Vec::new() }
     }
 
+    /// ABORTED: the caller's signal fired.
     pub fn aborted() -> Self {
         Self::new(LockErrorCode::Aborted, "the acquire was aborted by its signal")
     }
 
+    /// SHUT_DOWN: the backend is shutting down.
     pub fn shut_down() -> Self {
         Self::new(LockErrorCode::ShutDown, "the lock driver is shutting down")
     }

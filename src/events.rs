@@ -5,9 +5,10 @@
 
 use crate::error::RedisFailure;
 
+/// The `tracing` target of every log event (the binding routes them to loggers by it).
 pub const TARGET: &str = "dokebi_lock_redis::event";
 
-pub fn eviction_unsafe(driver: u64, policy: &str) {
+pub(crate) fn eviction_unsafe(driver: u64, policy: &str) {
     tracing::error!(
         target: TARGET,
         driver,
@@ -17,7 +18,7 @@ pub fn eviction_unsafe(driver: u64, policy: &str) {
     );
 }
 
-pub fn notify_unsupported(driver: u64) {
+pub(crate) fn notify_unsupported(driver: u64) {
     tracing::debug!(
         target: TARGET,
         driver,
@@ -27,7 +28,7 @@ pub fn notify_unsupported(driver: u64) {
     );
 }
 
-pub fn notify_failed(driver: u64, cause: &RedisFailure) {
+pub(crate) fn notify_failed(driver: u64, cause: &RedisFailure) {
     tracing::warn!(
         target: TARGET,
         driver,
@@ -44,7 +45,7 @@ pub fn notify_failed(driver: u64, cause: &RedisFailure) {
 /// Per-key notifications on a Cluster without sharded pub/sub (Redis < 7.0, or SSUBSCRIBE
 /// refused): classic PUBLISH/SUBSCRIBE on the key's channel instead, which every node
 /// relays to every other (decision 0064). Said once per backend.
-pub fn notify_unsharded(driver: u64) {
+pub(crate) fn notify_unsharded(driver: u64) {
     tracing::info!(
         target: TARGET,
         driver,
@@ -57,7 +58,7 @@ pub fn notify_unsharded(driver: u64) {
 /// The Sentinel user may not subscribe to the failover-state channels (an ACL line from
 /// before decision 0051): switches are still followed, but a primary whose failover began
 /// is not held. Said once per driver: every listed Sentinel would meet the same ACL.
-pub fn failover_hold_unavailable(driver: u64) {
+pub(crate) fn failover_hold_unavailable(driver: u64) {
     tracing::warn!(
         target: TARGET,
         driver,

@@ -20,6 +20,7 @@ pub struct KeyNames {
 }
 
 impl KeyNames {
+    /// The names of `key` in `namespace`.
     pub fn new(namespace: &str, key: &str) -> Self {
         KeyLayout::new(namespace).names(key)
     }
@@ -29,18 +30,18 @@ impl KeyNames {
 /// acquire (its wait line is keyed by the hash), so it is one digest, a hex encoding on the
 /// stack and one allocation per name (docs/perf/README.md).
 #[derive(Debug, Clone)]
-pub struct KeyLayout {
+pub(crate) struct KeyLayout {
     lock: String,
     fence: String,
 }
 
 impl KeyLayout {
-    pub fn new(namespace: &str) -> Self {
+    pub(crate) fn new(namespace: &str) -> Self {
         // The shared hash tag {…} puts both keys in one Cluster slot, so one script can touch both.
         Self { lock: format!("{namespace}:lock:{{"), fence: format!("{namespace}:lock-fence:{{") }
     }
 
-    pub fn names(&self, key: &str) -> KeyNames {
+    pub(crate) fn names(&self, key: &str) -> KeyNames {
         let mut hex = [0u8; 64];
         hex::encode_to_slice(Sha256::digest(key.as_bytes()), &mut hex)
             .expect("a SHA-256 is 32 bytes, 64 in hex");
@@ -57,20 +58,50 @@ impl KeyLayout {
 }
 
 /// `<namespace>:lock-released`, where release publishes the key hash.
-pub fn released_channel(namespace: &str) -> String {
+pub(crate) fn released_channel(namespace: &str) -> String {
     format!("{namespace}:lock-released")
 }
 
 /// `<namespace>:lock-released:{`: with a key's hash and `}`, the channel of that key alone
 /// (`notifications: 'per-key'`). The lock key's hash tag, so in a Cluster the channel
-/// lives in the key's slot (sharded pub/sub, decision 0060).
-pub fn key_released_prefix(namespace: &str) -> String {
+/// lives in the key's slot (sharded pub/sub, decision 0060). Build channels with
+/// [`KeyChannels`].
+pub(crate) fn key_released_prefix(namespace: &str) -> String {
     format!("{namespace}:lock-released:{{")
+}
+
+/// The per-key release channels of one namespace, `<namespace>:lock-released:{<hash>}`:
+/// the one place their names are built and read back.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyChannels {
+    prefix: String,
+}
+
+impl KeyChannels {
+    pub(crate) fn new(namespace: &str) -> Self {
+        Self { prefix: key_released_prefix(namespace) }
+    }
+
+    /// The channel of the key whose hash is `hash`.
+    pub(crate) fn channel(&self, hash: &str) -> String {
+        let mut channel = String::with_capacity(self.prefix.len() + hash.len() + 1);
+        channel.push_str(&self.prefix);
+        channel.push_str(hash);
+        channel.push('}');
+        channel
+    }
+
+    /// The key hash of one of these channels, or None for any other channel.
+    // TODO(lead): key_notify's channel()/hash_of() call these after the notify/ merge.
+    #[allow(dead_code)]
+    pub(crate) fn hash_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        channel.strip_prefix(self.prefix.as_str())?.strip_suffix('}')
+    }
 }
 
 /// Validates a key given as UTF-16 code units, before any conversion: a lone surrogate
 /// would otherwise become U+FFFD and share a lock with a real U+FFFD.
-pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {
+pub(crate) fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockError> {
     if units.is_empty() {
         return Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must not be empty"));
     }
@@ -92,6 +123,17 @@ pub fn validate_utf16(units: &[u16], max_key_bytes: u32) -> Result<String, LockE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keys_channel_is_named_after_its_hash_and_read_back_to_it() {
+        let channels = KeyChannels::new("svc");
+        let names = KeyNames::new("svc", "job:1");
+        let channel = channels.channel(&names.hash);
+        assert_eq!(channel, format!("svc:lock-released:{{{}}}", names.hash));
+        assert_eq!(channels.hash_of(&channel), Some(&*names.hash));
+        assert_eq!(channels.hash_of("svc:lock-released"), None, "the namespace channel");
+        assert_eq!(KeyChannels::new("other").hash_of(&channel), None, "another namespace");
+    }
 
     fn utf16(s: &str) -> Vec<u16> {
         s.encode_utf16().collect()

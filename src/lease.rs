@@ -19,17 +19,22 @@ enum State {
 /// When a key written with `PX leaseMs` at `written` expires in Redis. The one expiry
 /// formula: with the write's submission it gives the earliest expiry (the local deadline),
 /// with the moment its reply came (or we stopped waiting for it) the latest.
-pub fn key_expiry(written: Instant, lease_ms: u32) -> Instant {
+pub(crate) fn key_expiry(written: Instant, lease_ms: u32) -> Instant {
     written + Duration::from_millis(lease_ms.into())
 }
 
 /// A lease. Its deadline counts from the submission of the command that set it, on the
 /// monotonic clock, so the local estimate is never later than Redis's expiry.
 pub struct Lease {
+    /// The lease's number in its backend (how the binding names it to JS).
     pub id: u64,
+    /// The Redis names of its key.
     pub keys: Arc<KeyNames>,
+    /// The owner token stored in the lock key (never logged).
     pub token: String,
+    /// The fencing token, a decimal string: compare as a big integer.
     pub fence: String,
+    /// leaseMs: how long each write makes the key live.
     pub lease_ms: u32,
     inner: Mutex<Times>,
 }
@@ -69,7 +74,7 @@ pub enum NotExtended {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh owner token: 128 random bits, hex. It identifies the holder in Redis and is never logged.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the OS random source is available");
     hex::encode(bytes)
@@ -101,9 +106,10 @@ impl Lease {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Times> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
+    /// Whether the lease is still valid by the local estimate.
     pub fn valid(&self) -> bool {
         let times = *self.lock();
         times.state == State::Held && Instant::now() < times.deadline
@@ -171,7 +177,7 @@ impl Lease {
 
 /// The leases this backend tracks, so shutdown can release them.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     leases: Mutex<Tracked>,
 }
 
@@ -185,26 +191,22 @@ struct Tracked {
 
 /// Why [`Registry::insert`] refused a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     Full,
     Closed,
 }
 
 impl Registry {
     fn map(&self) -> std::sync::MutexGuard<'_, Tracked> {
-        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.leases)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map().map.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Tracks the lease unless `max` are tracked already or the registry was closed.
-    pub fn insert(&self, lease: Arc<Lease>, max: usize) -> Result<(), Refused> {
+    pub(crate) fn insert(&self, lease: Arc<Lease>, max: usize) -> Result<(), Refused> {
         let mut tracked = self.map();
         if tracked.closed {
             return Err(Refused::Closed);
@@ -216,18 +218,18 @@ impl Registry {
         Ok(())
     }
 
-    pub fn remove(&self, id: u64) {
+    pub(crate) fn remove(&self, id: u64) {
         self.map().map.remove(&id);
     }
 
     /// A tracked lease by id. Leases leave the registry only once released (by `release()`
     /// or shutdown), so a lease not found here is a released one.
-    pub fn get(&self, id: u64) -> Option<Arc<Lease>> {
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Lease>> {
         self.map().map.get(&id).cloned()
     }
 
     /// Empties the registry for good (shutdown): later inserts are refused.
-    pub fn close(&self) -> Vec<Arc<Lease>> {
+    pub(crate) fn close(&self) -> Vec<Arc<Lease>> {
         let mut tracked = self.map();
         tracked.closed = true;
         tracked.map.drain().map(|(_, l)| l).collect()
@@ -302,7 +304,7 @@ mod tests {
         assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Ok(()));
         assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Err(Refused::Full));
         assert_eq!(r.close().len(), 1);
-        assert!(r.is_empty());
+        assert_eq!(r.len(), 0);
     }
 
     #[test]
@@ -311,7 +313,7 @@ mod tests {
         assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Ok(()));
         assert_eq!(r.close().len(), 1);
         assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Err(Refused::Closed));
-        assert!(r.is_empty(), "nothing is tracked where shutdown no longer looks");
+        assert_eq!(r.len(), 0, "nothing is tracked where shutdown no longer looks");
     }
 
     #[test]

@@ -1,25 +1,27 @@
 //! @dokebi/lock-redis: a Redis lease-lock driver whose Redis work runs in Rust on tokio.
 //!
-//! Everything but [`binding`] is plain Rust with no napi types, tested by `cargo test`.
+//! Everything but the binding is plain Rust with no napi types, tested by `cargo test`.
+//! The crate's surface is what is re-exported here: a [`Driver`] built from validated
+//! options ([`parse_connection`], [`parse_backend`]), its [`Lease`]s, and [`LockError`].
 
-mod attempt;
-mod cleanup;
-pub mod connection;
-pub mod driver;
-pub mod error;
-pub mod events;
-pub mod key_notify;
-pub mod keys;
-pub mod lease;
-pub mod mutants;
-pub mod notify;
-pub mod options;
-pub mod replicas;
-pub mod scripts;
-pub mod sentinel;
-pub mod shutdown;
-pub mod stats;
-pub mod waiters;
+mod backoff;
+mod connection;
+mod driver;
+mod error;
+mod events;
+mod key_notify;
+mod keys;
+mod lease;
+mod mutants;
+mod notify;
+mod options;
+mod replicas;
+mod scripts;
+mod sentinel;
+mod stats;
+mod switches;
+mod sync;
+mod waiters;
 
 // napi-derive registers nothing in a test build, so there the binding would be dead code.
 #[cfg(all(feature = "node", not(test)))]
@@ -28,4 +30,17 @@ mod binding;
 pub use driver::Driver;
 pub use error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
 pub use lease::Lease;
-pub use options::{BackendOptions, ConnectionOptions, Raw};
+pub use options::{parse_backend, parse_connection, BackendOptions, ConnectionOptions, Raw};
+pub use stats::Stats;
+
+/// What the crate's own tests (`tests/*.rs`) reach beyond the public surface: internals,
+/// not API. Nothing outside this repository may use it.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::connection::{RedisLink, SubscribeFailure};
+    pub use crate::events::TARGET as EVENT_TARGET;
+    pub use crate::keys::KeyNames;
+    pub use crate::notify::SubscriptionState;
+    pub use crate::replicas::Replicas;
+    pub use crate::scripts::RELEASE_KEYED_SOURCE;
+}

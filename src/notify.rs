@@ -4,6 +4,9 @@
 //! Notifications only make waiting cheaper; the safety poll keeps every waiter correct
 //! when one is missed (subscription down, a release by an older driver).
 
+// TODO(lead): notify/ after merge: spell these pub(crate) and drop the allow (issue 22).
+#![allow(unreachable_pub, missing_docs)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

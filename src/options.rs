@@ -10,11 +10,17 @@ use crate::sentinel::{is_sentinel_url, SentinelUrl};
 /// A JS value as the binding hands it over.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Raw {
+    /// `undefined`, or an absent field.
     Undefined,
+    /// `null`.
     Null,
+    /// A boolean.
     Bool(bool),
+    /// A number.
     Number(f64),
+    /// A string.
     String(String),
+    /// An object's own fields, in order.
     Object(Vec<(String, Raw)>),
     /// Arrays, functions, symbols, bigints: never valid where options are read.
     Other(&'static str),
@@ -34,33 +40,33 @@ impl Raw {
     }
 }
 
-pub const MAX_INT: u32 = i32::MAX as u32;
+pub(crate) const MAX_INT: u32 = i32::MAX as u32;
 
 /// The validated options of one backend (`parseRedisLockBackend`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendOptions {
-    pub connection: String,
-    pub namespace: String,
-    pub lease_ms: u32,
-    pub wait_timeout_ms: u32,
-    pub poll_interval_ms: u32,
-    pub notify_poll_interval_ms: u32,
-    pub max_waiters: u32,
-    pub max_tracked_leases: u32,
-    pub shutdown_timeout_ms: u32,
-    pub max_key_bytes: u32,
+    pub(crate) connection: String,
+    pub(crate) namespace: String,
+    pub(crate) lease_ms: u32,
+    pub(crate) wait_timeout_ms: u32,
+    pub(crate) poll_interval_ms: u32,
+    pub(crate) notify_poll_interval_ms: u32,
+    pub(crate) max_waiters: u32,
+    pub(crate) max_tracked_leases: u32,
+    pub(crate) shutdown_timeout_ms: u32,
+    pub(crate) max_key_bytes: u32,
     /// Replicas that must acknowledge a winning acquire and a renew (issue 11; 0 = no WAIT).
-    pub min_replicas: u32,
-    pub replica_timeout_ms: u32,
+    pub(crate) min_replicas: u32,
+    pub(crate) replica_timeout_ms: u32,
     /// Expiry of a newly seeded fence counter; `None`: counters never expire (decision 0031).
-    pub fence_ttl_ms: Option<u64>,
+    pub(crate) fence_ttl_ms: Option<u64>,
     /// Where releases are announced and waiters listen (issue 17, decision 0060).
-    pub notifications: NotificationMode,
+    pub(crate) notifications: NotificationMode,
 }
 
 /// `notifications`: the channels a release publishes on and a waiter listens to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NotificationMode {
+pub(crate) enum NotificationMode {
     /// The TypeScript driver's one channel `<namespace>:lock-released` (the default).
     #[default]
     Namespace,
@@ -72,15 +78,16 @@ pub enum NotificationMode {
 }
 
 impl NotificationMode {
-    pub const VALUES: [(&'static str, Self); 3] =
+    pub(crate) const VALUES: [(&'static str, Self); 3] =
         [("namespace", Self::Namespace), ("per-key", Self::PerKey), ("both", Self::Both)];
 
-    pub fn as_str(self) -> &'static str {
+    #[cfg_attr(not(all(feature = "node", not(test))), allow(dead_code))] // read by the binding
+    pub(crate) fn as_str(self) -> &'static str {
         Self::VALUES.iter().find(|(_, m)| *m == self).map_or("namespace", |(name, _)| name)
     }
 
     /// Waiters listen on the channels of their keys, not the namespace channel.
-    pub fn per_key(self) -> bool {
+    pub(crate) fn per_key(self) -> bool {
         self != Self::Namespace
     }
 }
@@ -107,7 +114,7 @@ const INT_FIELDS: [IntField; 10] = [
 ];
 
 /// The WAIT timeout: see docs/decisions/0025 for the measurement behind it.
-pub const DEFAULT_REPLICA_TIMEOUT_MS: u32 = 500;
+pub(crate) const DEFAULT_REPLICA_TIMEOUT_MS: u32 = 500;
 
 fn invalid(message: String) -> LockError {
     LockError::new(LockErrorCode::InvalidOptions, message)
@@ -137,7 +144,7 @@ fn get<'a>(fields: &'a [(String, Raw)], name: &str) -> Option<&'a Raw> {
 }
 
 /// A whole number in `min..=MAX_INT`.
-pub fn int_in_range(what: &str, raw: &Raw, min: u32) -> Result<u32, LockError> {
+pub(crate) fn int_in_range(what: &str, raw: &Raw, min: u32) -> Result<u32, LockError> {
     let rule = || invalid(format!("{what} must be an integer from {min} to {MAX_INT}"));
     match raw {
         Raw::Number(n)
@@ -226,7 +233,7 @@ fn notifications_rule() -> LockError {
 }
 
 /// The largest integer a JS number holds exactly.
-pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+pub(crate) const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
 /// `fenceTtlMs` is only ever handed to Redis (no timer), so it may exceed the 2^31-1 of the
 /// other fields: a month is a sensible value.
@@ -244,27 +251,27 @@ fn fence_ttl(what: &str, raw: &Raw) -> Result<u64, LockError> {
 /// Where and how to reach Redis. `url` may hold a password: it is never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnectionOptions {
-    pub url: String,
-    pub name: Option<String>,
-    pub connect_timeout_ms: u32,
-    pub command_timeout_ms: u32,
+    pub(crate) url: String,
+    pub(crate) name: Option<String>,
+    pub(crate) connect_timeout_ms: u32,
+    pub(crate) command_timeout_ms: u32,
     /// PEM material for `rediss://` with a private CA or client certificates.
-    pub tls: Option<TlsOptions>,
+    pub(crate) tls: Option<TlsOptions>,
     /// `url` names one node of a Redis Cluster.
-    pub cluster: bool,
+    pub(crate) cluster: bool,
     /// `url` is a `redis-sentinel://` or `rediss-sentinel://` URL (parsed).
-    pub sentinel: Option<SentinelUrl>,
+    pub(crate) sentinel: Option<SentinelUrl>,
     /// Credentials for the Sentinels themselves; the password is never printed.
-    pub sentinel_username: Option<String>,
-    pub sentinel_password: Option<String>,
+    pub(crate) sentinel_username: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
 }
 
 /// PEM strings. The key is secret: never printed.
 #[derive(Clone, PartialEq, Eq, Default)]
-pub struct TlsOptions {
-    pub ca: Option<String>,
-    pub cert: Option<String>,
-    pub key: Option<String>,
+pub(crate) struct TlsOptions {
+    pub(crate) ca: Option<String>,
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
 }
 
 impl std::fmt::Debug for ConnectionOptions {
@@ -285,8 +292,8 @@ impl std::fmt::Debug for ConnectionOptions {
 
 /// Defaults chosen in docs/decisions/0002: long enough for a loaded server, short enough
 /// that a stalled one is noticed well inside the default 5 s wait.
-pub const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
-pub const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
+pub(crate) const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
+pub(crate) const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
 
 const SCHEMES: [&str; 6] =
     ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
@@ -423,7 +430,8 @@ fn parse_tls(raw: &Raw) -> Result<TlsOptions, LockError> {
 }
 
 /// The per-call `waitTimeoutMs` of `acquire`, or the backend's default.
-pub fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockError> {
+#[cfg_attr(not(all(feature = "node", not(test))), allow(dead_code))] // read by the binding
+pub(crate) fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockError> {
     match raw {
         Raw::Undefined => Ok(default),
         v => int_in_range("acquire options.waitTimeoutMs", v, 0),
@@ -435,7 +443,7 @@ pub fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockError> {
 /// behind it (an unrelated release or renew) counts that time against its own
 /// commandTimeoutMs: a WAIT as long as commandTimeoutMs would make them OUTCOME_UNKNOWN
 /// (docs/decisions/0130).
-pub fn check_together(
+pub(crate) fn check_together(
     connection: &ConnectionOptions,
     backend: &BackendOptions,
 ) -> Result<(), LockError> {

@@ -33,6 +33,8 @@ struct Rounds {
 
 type ByConnection = Arc<Mutex<HashMap<u64, Rounds>>>;
 
+/// WAIT for minReplicas acknowledgements, one WAIT shared by the writes of a connection
+/// (decisions 0025–0027).
 pub struct Replicas {
     min: u32,
     timeout_ms: u32,
@@ -44,6 +46,7 @@ pub struct Replicas {
 }
 
 impl Replicas {
+    /// WAIT for the backend's minReplicas, within replicaTimeoutMs.
     pub fn new(options: &BackendOptions, command_timeout: Duration) -> Self {
         Self {
             min: options.min_replicas,
@@ -59,11 +62,11 @@ impl Replicas {
     /// lost connection or no answer in time: a NOREPLICAS failure (decision 0026). WAIT
     /// refused by the server (NOPERM, a service without WAIT): that refusal.
     pub async fn confirm(&self, link: &Arc<RedisLink>, conn: &Conn) -> Result<(), RedisFailure> {
-        if self.min == 0 || crate::mutants::active() == Some(crate::mutants::Mutant::SkipWait) {
+        if self.min == 0 || crate::mutants::skips_wait() {
             return Ok(());
         }
         let round = {
-            let mut map = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = crate::sync::lock(&self.rounds);
             let rounds = map.entry(conn.generation()).or_default();
             match (&rounds.in_flight, &rounds.next) {
                 // Not sent yet, and sent only after this moment: it covers us.
@@ -93,14 +96,14 @@ impl Replicas {
         let task = tokio::spawn(async move {
             if let Some(previous) = previous {
                 let _ = previous.await;
-                let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
+                let mut map = crate::sync::lock(&rounds);
                 let entry = map.entry(generation).or_default();
                 if let Some(me) = entry.next.take() {
                     entry.in_flight = Some((id, me));
                 }
             }
             let result = wait(&link, &conn, min, timeout_ms, local_limit).await;
-            let mut map = rounds.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = crate::sync::lock(&rounds);
             if let Some(entry) = map.get_mut(&generation) {
                 if entry.in_flight.as_ref().is_some_and(|(i, _)| *i == id) {
                     entry.in_flight = None;

@@ -5,8 +5,8 @@ use std::sync::LazyLock;
 use redis::{Script, Value};
 
 use crate::connection::ScriptCall;
-use crate::keys::{self, KeyNames};
-use crate::mutants::{self, Mutant};
+use crate::keys::{self, KeyChannels, KeyNames};
+use crate::mutants;
 use crate::options::NotificationMode;
 
 /// One script: its source for EVAL and its SHA-1 for EVALSHA (computed by redis-rs).
@@ -17,7 +17,7 @@ pub struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(name: &'static str, source: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str, source: &'static str) -> Self {
         Self { name, source, script: Script::new(source) }
     }
     pub fn sha(&self) -> &str {
@@ -25,79 +25,58 @@ impl LuaScript {
     }
 }
 
-pub static ACQUIRE: LazyLock<LuaScript> =
+pub(crate) static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("acquire", ACQUIRE_SOURCE));
-pub static RELEASE: LazyLock<LuaScript> =
+pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release", RELEASE_SOURCE));
 /// Release for `notifications: 'per-key'` and `'both'` (release.lua stays the default's).
-pub static RELEASE_KEYED: LazyLock<LuaScript> =
+pub(crate) static RELEASE_KEYED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release_keyed", RELEASE_KEYED_SOURCE));
-pub static RENEW: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+pub(crate) static RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
 
 /// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
 /// (only in a `chaos-mutants` build, see [`crate::mutants`]).
-pub fn acquire() -> &'static LuaScript {
-    static COUNTER_RESTARTS: LazyLock<LuaScript> = LazyLock::new(|| {
-        let source = mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
-        LuaScript::new("acquire", Box::leak(source.into_boxed_str()))
-    });
-    match mutants::active() {
-        Some(Mutant::CounterRestarts) => &COUNTER_RESTARTS,
-        _ => &ACQUIRE,
-    }
+pub(crate) fn acquire() -> &'static LuaScript {
+    mutants::script(&ACQUIRE)
 }
 
 /// The release script this process runs: [`RELEASE`], or [`RELEASE_KEYED`] for per-key
 /// notifications, unless a chaos mutant replaces them.
 fn release(keyed: bool) -> &'static LuaScript {
-    static WITHOUT_OWNER_CHECK: LazyLock<[LuaScript; 2]> = LazyLock::new(|| {
-        [("release", RELEASE_SOURCE), ("release_keyed", RELEASE_KEYED_SOURCE)].map(
-            |(name, source)| {
-                let source = mutants::patch(
-                    source,
-                    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then",
-                    "if redis.call('EXISTS', KEYS[1]) == 0 then",
-                );
-                LuaScript::new(name, Box::leak(source.into_boxed_str()))
-            },
-        )
-    });
-    match (mutants::active(), keyed) {
-        (Some(Mutant::ReleaseWithoutOwnerCheck), _) => &WITHOUT_OWNER_CHECK[usize::from(keyed)],
-        (_, false) => &RELEASE,
-        (_, true) => &RELEASE_KEYED,
-    }
+    mutants::script(if keyed { &RELEASE_KEYED } else { &RELEASE })
 }
 
-pub const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
-pub const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
-pub const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+pub(crate) const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
+pub(crate) const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
+pub(crate) const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+/// The release script of per-key notifications.
 pub const RELEASE_KEYED_SOURCE: &str = include_str!("scripts/release_keyed.lua");
 
 /// Where a release announces itself, per `notifications` (decision 0060).
-pub struct ReleaseChannels {
+pub(crate) struct ReleaseChannels {
     mode: NotificationMode,
     /// `<namespace>:lock-released`.
     namespace: String,
-    /// `<namespace>:lock-released:{`.
-    key_prefix: String,
+    /// `<namespace>:lock-released:{<hash>}`.
+    key_channels: KeyChannels,
     /// SPUBLISH (Cluster), falling back to PUBLISH where the server lacks it.
     sharded: bool,
 }
 
 impl ReleaseChannels {
-    pub fn new(namespace: &str, mode: NotificationMode, cluster: bool) -> Self {
+    pub(crate) fn new(namespace: &str, mode: NotificationMode, cluster: bool) -> Self {
         Self {
             mode,
             namespace: keys::released_channel(namespace),
-            key_prefix: keys::key_released_prefix(namespace),
+            key_channels: KeyChannels::new(namespace),
             sharded: cluster,
         }
     }
 
     /// The release script for `keys` and `token`. The namespace default sends exactly what
     /// the TypeScript driver sends.
-    pub fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
+    pub(crate) fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
         if self.mode == NotificationMode::Namespace {
             return ScriptCall {
                 script: release(false),
@@ -107,7 +86,7 @@ impl ReleaseChannels {
         }
         let mut args = vec![
             token.to_owned(),
-            format!("{}{}}}", self.key_prefix, keys.hash),
+            self.key_channels.channel(&keys.hash),
             keys.hash.to_string(),
             if self.sharded { "1" } else { "0" }.to_owned(),
         ];
@@ -120,7 +99,7 @@ impl ReleaseChannels {
 
 /// ARGV of the acquire script. Without a `fenceTtlMs` the arguments are the same two as
 /// before the option existed.
-pub fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
+pub(crate) fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
     let mut args = vec![token.to_owned(), lease_ms.to_string()];
     args.extend(fence_ttl_ms.map(|ttl| ttl.to_string()));
     args
@@ -128,7 +107,7 @@ pub fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Ve
 
 /// What an acquire reply means.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AcquireReply {
+pub(crate) enum AcquireReply {
     /// Ours, with this fence (a positive decimal string, compared as a big integer).
     Acquired(String),
     /// Held by another token; the holder's PTTL, or `None` from a pre-0.1.4 script.
@@ -137,7 +116,7 @@ pub enum AcquireReply {
 
 /// Anything but a positive decimal string, an integer of at least -2, or nil is not a
 /// reply our script gives: the caller treats it as OUTCOME_UNKNOWN.
-pub fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
+pub(crate) fn parse_acquire(reply: &Value) -> Option<AcquireReply> {
     match reply {
         Value::BulkString(bytes) => positive_decimal(bytes).map(AcquireReply::Acquired),
         Value::SimpleString(s) => positive_decimal(s.as_bytes()).map(AcquireReply::Acquired),
@@ -157,7 +136,7 @@ fn positive_decimal(bytes: &[u8]) -> Option<String> {
 
 /// What a release reply means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseReply {
+pub(crate) enum ReleaseReply {
     /// The key was no longer ours.
     NotOurs,
     /// This call deleted the key; `listeners` subscriber connections heard the notification.
@@ -165,7 +144,7 @@ pub enum ReleaseReply {
 }
 
 /// Release answers 0 (not ours) or 1 + the listeners of its notification.
-pub fn parse_release(reply: &Value) -> Option<ReleaseReply> {
+pub(crate) fn parse_release(reply: &Value) -> Option<ReleaseReply> {
     match reply {
         Value::Int(0) => Some(ReleaseReply::NotOurs),
         Value::Int(n) if *n >= 1 => Some(ReleaseReply::Deleted { listeners: (*n - 1) as u64 }),
@@ -174,7 +153,7 @@ pub fn parse_release(reply: &Value) -> Option<ReleaseReply> {
 }
 
 /// Renew answers 1 (done) or 0 (not ours); anything else is unexpected.
-pub fn parse_flag(reply: &Value) -> Option<bool> {
+pub(crate) fn parse_flag(reply: &Value) -> Option<bool> {
     match reply {
         Value::Int(1) => Some(true),
         Value::Int(0) => Some(false),
@@ -257,14 +236,5 @@ mod tests {
         assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
         let both = ReleaseChannels::new("svc", NotificationMode::Both, true).call(&k, "tok");
         assert_eq!(both.args, ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]);
-    }
-
-    #[test]
-    fn the_mutant_patches_still_find_their_lines_in_the_real_scripts() {
-        // A script edit that moved a marker would make the mutant build panic at its first
-        // use; this says so in `cargo test` instead.
-        mutants::patch(ACQUIRE_SOURCE, "if fence == 1 then", "if false then");
-        mutants::patch(RELEASE_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
-        mutants::patch(RELEASE_KEYED_SOURCE, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "");
     }
 }

@@ -1,7 +1,7 @@
 //! Redis Sentinel: which node is the primary, and when that changes (decision 0020).
 //!
 //! The primary is asked of the Sentinels in the listed order and confirmed with `ROLE` by
-//! the connection that then carries the commands (`connection.rs`). Every change of primary
+//! the connection that then carries the commands (`connection/`). Every change of primary
 //! (the first `+switch-master` heard from any Sentinel, or a new address found when
 //! reconnecting) bumps an epoch: a command connection of an older epoch is not used for another command,
 //! and the release-notification subscription moves to the new primary. Before that, from
@@ -20,7 +20,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, V
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use url::{is_sentinel_url, SentinelUrl, SENTINEL_PORT};
+pub(crate) use url::{is_sentinel_url, SentinelUrl};
 
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 
@@ -28,7 +28,7 @@ use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 /// abort: longer than the second the switch takes to be announced, shorter than a lease.
 const FAILOVER_HOLD: Duration = Duration::from_secs(3);
 
-pub struct Sentinel {
+pub(crate) struct Sentinel {
     url: SentinelUrl,
     /// One client per Sentinel, in the listed order, with the Sentinel credentials.
     sentinels: Vec<Client>,
@@ -72,13 +72,13 @@ impl Known {
 }
 
 /// Credentials for the Sentinels themselves (`sentinelUsername` / `sentinelPassword`).
-pub struct SentinelAuth<'a> {
+pub(crate) struct SentinelAuth<'a> {
     pub username: Option<&'a str>,
     pub password: Option<&'a str>,
 }
 
 impl Sentinel {
-    pub fn new(
+    pub(crate) fn new(
         url: SentinelUrl,
         auth: SentinelAuth<'_>,
         open: impl Fn(ConnectionInfo) -> redis::RedisResult<Client>,
@@ -122,23 +122,23 @@ impl Sentinel {
     }
 
     /// Changes each time the primary changes.
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }
 
     /// Fires on each change of primary (the subscription follows it).
-    pub fn switches(&self) -> watch::Receiver<u64> {
+    pub(crate) fn switches(&self) -> watch::Receiver<u64> {
         self.switched.subscribe()
     }
 
     /// The connection settings of the data node at `address`: the URL's credentials,
     /// database and TLS.
-    pub fn node_info(&self, address: &str) -> redis::RedisResult<ConnectionInfo> {
+    pub(crate) fn node_info(&self, address: &str) -> redis::RedisResult<ConnectionInfo> {
         self.url.node_url(address).as_str().into_connection_info()
     }
 
     fn confirmed(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.confirmed)
     }
 
     /// The primary's address by `SENTINEL GET-MASTER-ADDR-BY-NAME`, from the first Sentinel
@@ -151,7 +151,7 @@ impl Sentinel {
     /// there is lost. So in the epoch of an announcement, a Sentinel naming another address
     /// is passed over for one naming the announced primary; it is believed only when none
     /// does (a later failover the watchers missed).
-    pub async fn primary_address(&self) -> Result<String, RedisFailure> {
+    pub(crate) async fn primary_address(&self) -> Result<String, RedisFailure> {
         let mut asked = self.asked.lock().await;
         let resolved = self.resolve(&mut asked).await;
         // A resolution still running when the link closed (shutdown) keeps no connection:
@@ -251,7 +251,7 @@ impl Sentinel {
     /// Records `address` as the confirmed primary of a resolution that began at `began`.
     /// Returns the epoch the connection belongs to, or `None` when the primary changed
     /// meanwhile (ask again). A new address is a change of primary too.
-    pub fn confirm(&self, began: u64, address: &str) -> Option<u64> {
+    pub(crate) fn confirm(&self, began: u64, address: &str) -> Option<u64> {
         let mut known = self.confirmed();
         if self.epoch() != began {
             return None;
@@ -318,10 +318,37 @@ impl Sentinel {
         }
     }
 
+    /// Whether a command connection of `epoch`, opened at `opened`, may carry another
+    /// command: not once the primary changed, nor while it is held (the failover hold's
+    /// whole rule, decision 0051; the link asks before each command). The refusal says
+    /// which, and that nothing was sent.
+    pub(crate) fn admits(&self, epoch: u64, opened: Instant) -> Result<(), RedisFailure> {
+        if self.epoch() != epoch {
+            return Err(RedisFailure::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                "the primary changed before the command was sent",
+            ));
+        }
+        if self.holds(epoch, opened) {
+            return Err(failover_in_progress());
+        }
+        Ok(())
+    }
+
+    /// Whether a new connection may be opened to `address`: not to the primary a failover
+    /// in progress is leaving.
+    pub(crate) fn admits_address(&self, address: &str) -> Result<(), RedisFailure> {
+        if self.is_held(address) {
+            return Err(failover_in_progress());
+        }
+        Ok(())
+    }
+
     /// Whether a connection of `epoch` opened at `opened` is held back by a failover in
     /// progress: every connection during the hold; after it, those opened before it began
     /// (the Sentinels are asked afresh, as after a lost connection).
-    pub fn holds(&self, epoch: u64, opened: Instant) -> bool {
+    fn holds(&self, epoch: u64, opened: Instant) -> bool {
         let known = self.confirmed();
         match known.failover_began {
             Some(began) if self.epoch() == epoch => {
@@ -332,7 +359,7 @@ impl Sentinel {
     }
 
     /// Whether `address` is the primary a failover in progress is leaving: not connected to.
-    pub fn is_held(&self, address: &str) -> bool {
+    fn is_held(&self, address: &str) -> bool {
         let known = self.confirmed();
         known.address.as_deref() == Some(address)
             && known.failover_began.is_some_and(|began| began.elapsed() < FAILOVER_HOLD)
@@ -345,7 +372,7 @@ impl Sentinel {
     }
 
     /// Starts the watchers once, one per Sentinel (they run until [`stop`](Self::stop)).
-    pub fn watch(self: &std::sync::Arc<Self>) {
+    pub(crate) fn watch(self: &std::sync::Arc<Self>) {
         if !self.watching.swap(true, Ordering::AcqRel) && !self.stop.is_cancelled() {
             for index in 0..self.sentinels.len() {
                 tokio::spawn(watcher::run(self.clone(), index));
@@ -355,7 +382,7 @@ impl Sentinel {
 
     /// Ends the watchers and drops the kept Sentinel connection. A resolution still in
     /// progress (a connect or a late cleanup after shutdown) drops its own when it ends.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.cancel();
         if let Ok(mut asked) = self.asked.try_lock() {
             *asked = None;
@@ -375,7 +402,7 @@ fn address(host: &str, port: &str) -> String {
 /// `ROLE` on the connection that is to carry the commands: only a master is used. A node
 /// Sentinel still names after it was demoted (or not yet promoted) fails like no
 /// connection at all: nothing was sent, and a waiting acquire rides it out.
-pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), RedisFailure> {
+pub(crate) async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), RedisFailure> {
     let role: Value =
         redis::cmd("ROLE").query_async(conn).await.map_err(|e| RedisFailure::connect(&e))?;
     let first = match &role {
@@ -400,7 +427,7 @@ pub async fn confirm_primary(conn: &mut MultiplexedConnection) -> Result<(), Red
 
 /// A failover is moving the primary away from the node a connection is to: nothing was
 /// sent, and a waiting acquire rides it out like a primary that is not one (yet).
-pub fn failover_in_progress() -> RedisFailure {
+fn failover_in_progress() -> RedisFailure {
     RedisFailure::new(
         RedisErrorCode::ConnectionFailed,
         Outcome::NotSubmitted,

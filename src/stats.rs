@@ -6,26 +6,26 @@ use crate::error::LockErrorCode;
 
 /// Counters that only grow.
 #[derive(Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     attempts: AtomicU64,
     errors: [AtomicU64; LockErrorCode::ALL.len()],
 }
 
 impl Counters {
-    pub fn attempt(&self) {
+    pub(crate) fn attempt(&self) {
         self.attempts.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn error(&self, code: LockErrorCode) {
+    pub(crate) fn error(&self, code: LockErrorCode) {
         self.errors[code as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn attempts(&self) -> u64 {
+    pub(crate) fn attempts(&self) -> u64 {
         self.attempts.load(Ordering::Relaxed)
     }
 
     /// Every code of the contract with its count, zeros included, so a metrics shape never changes.
-    pub fn errors(&self) -> Vec<(LockErrorCode, u64)> {
+    pub(crate) fn errors(&self) -> Vec<(LockErrorCode, u64)> {
         LockErrorCode::ALL
             .iter()
             .map(|&code| (code, self.errors[code as usize].load(Ordering::Relaxed)))
@@ -42,12 +42,15 @@ pub struct Stats {
     pub lines: usize,
     /// All acquires in progress (what maxWaiters bounds).
     pub in_progress: usize,
+    /// Leases handed out and not yet released.
     pub tracked_leases: usize,
     /// `off`, `starting`, `live`, `unsupported` or `failed`.
     pub subscription: &'static str,
     /// Acquire scripts sent to Redis.
     pub redis_attempts: u64,
+    /// Release notifications received.
     pub notifications_received: u64,
+    /// Failed calls by code.
     pub errors: Vec<(LockErrorCode, u64)>,
 }
 

@@ -7,9 +7,9 @@ mod support;
 use std::time::Duration;
 
 use common::{driver, url};
-use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::testing::SubscriptionState;
 use dokebi_lock_redis::Driver;
+use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -94,8 +94,8 @@ async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_readm
         ("pollIntervalMs".to_owned(), Raw::Number(5_000.0)),
         ("notifyPollIntervalMs".to_owned(), Raw::Number(5_000.0)),
     ];
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    let d = Driver::new(&options::parse_connection(&url(&user_url)).unwrap(), backend).unwrap();
+    let backend = parse_backend(&Raw::Object(fields)).unwrap();
+    let d = Driver::new(&parse_connection(&url(&user_url)).unwrap(), backend).unwrap();
 
     let held = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
     let waiter = tokio::spawn({

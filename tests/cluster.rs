@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{connection, driver};
-use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::Raw;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -114,7 +114,7 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
     }
     let hashes: Vec<String> = keys
         .iter()
-        .map(|k| dokebi_lock_redis::keys::KeyNames::new("cl", k).hash.to_string())
+        .map(|k| dokebi_lock_redis::testing::KeyNames::new("cl", k).hash.to_string())
         .collect();
     let lock_key = |i: usize| format!("cl:lock:{{{}}}", hashes[i]);
     let owners: std::collections::HashSet<usize> =
@@ -128,7 +128,7 @@ async fn locks_work_across_slots_notifications_cross_nodes_and_a_moved_slot_is_f
         async move { d.acquire(&key, Some(8_000), CancellationToken::new()).await }
     });
     let end = Instant::now() + Duration::from_secs(3);
-    while d.subscription_state() != dokebi_lock_redis::notify::SubscriptionState::Live {
+    while d.subscription_state() != dokebi_lock_redis::testing::SubscriptionState::Live {
         assert!(Instant::now() < end, "no subscription");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -208,7 +208,7 @@ fn per_key_driver_with(
     poll_ms: f64,
     lease_ms: f64,
 ) -> dokebi_lock_redis::Driver {
-    use dokebi_lock_redis::options;
+    use dokebi_lock_redis::{parse_backend, parse_connection};
     let fields = [
         ("driver", Raw::String("redis".into())),
         ("connection", Raw::String("main".into())),
@@ -218,12 +218,11 @@ fn per_key_driver_with(
         ("notifyPollIntervalMs", Raw::Number(poll_ms)),
         ("leaseMs", Raw::Number(lease_ms)),
     ];
-    let backend = options::parse_backend(&Raw::Object(
-        fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
-    ))
-    .unwrap();
+    let backend =
+        parse_backend(&Raw::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+            .unwrap();
     let conn = connection(cluster.nodes[0].url(), &[("cluster", Raw::Bool(true))]);
-    dokebi_lock_redis::Driver::new(&options::parse_connection(&conn).unwrap(), backend).unwrap()
+    dokebi_lock_redis::Driver::new(&parse_connection(&conn).unwrap(), backend).unwrap()
 }
 
 /// The number at the end of a two-element `PUBSUB (SHARD)NUMSUB` reply.
@@ -269,7 +268,7 @@ async fn per_key_waiters_subscribe_sharded_at_the_slot_owner_and_follow_a_slot_m
     let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
     let holder = per_key_driver(&cluster, "sh");
     let d = per_key_driver(&cluster, "sh");
-    let hash = dokebi_lock_redis::keys::KeyNames::new("sh", "job").hash.to_string();
+    let hash = dokebi_lock_redis::testing::KeyNames::new("sh", "job").hash.to_string();
     let channel = format!("sh:lock-released:{{{hash}}}");
     let owner = cluster.owner(&format!("sh:lock:{{{hash}}}"));
 
@@ -379,7 +378,7 @@ async fn without_sharded_pubsub_per_key_notifications_say_so_once_and_fall_back_
     let d = per_key_driver(&cluster, "old");
     for round in 0..2 {
         let key = format!("job-{round}");
-        let hash = dokebi_lock_redis::keys::KeyNames::new("old", &key).hash.to_string();
+        let hash = dokebi_lock_redis::testing::KeyNames::new("old", &key).hash.to_string();
         let channel = format!("old:lock-released:{{{hash}}}");
         let held = holder.acquire(&key, None, CancellationToken::new()).await.unwrap();
         let waiter = tokio::spawn({
@@ -433,7 +432,7 @@ async fn per_key_waiters_subscribe_again_at_the_new_master_after_a_failover() {
     let (key, names, master) = (0..)
         .map(|i| {
             let key = format!("job-{i}");
-            let names = dokebi_lock_redis::keys::KeyNames::new("fo", &key);
+            let names = dokebi_lock_redis::testing::KeyNames::new("fo", &key);
             let owner = cluster.owner(&names.lock);
             (key, names, owner)
         })
@@ -493,7 +492,7 @@ async fn per_key_waiters_subscribe_again_at_the_new_master_after_a_failover() {
     let released_at = Instant::now();
     let reply = cluster.nodes[promoted].command(&[
         "EVAL",
-        dokebi_lock_redis::scripts::RELEASE_KEYED_SOURCE,
+        dokebi_lock_redis::testing::RELEASE_KEYED_SOURCE,
         "1",
         &names.lock,
         &token,

@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::{connection, driver, eventually, hash, url, value};
-use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::Raw;
 use dokebi_lock_redis::{LockErrorCode, Outcome};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{connection, driver, eventually, hash, url, value};
-use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
 use dokebi_lock_redis::{Driver, LockErrorCode};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -346,13 +346,13 @@ fn a_malformed_pem_is_reported_by_its_field_not_as_a_bad_url() {
             ],
         };
         let conn = connection("rediss://127.0.0.1:6380", &[("tls", Raw::Object(tls))]);
-        let backend = options::parse_backend(&Raw::Object(vec![
+        let backend = parse_backend(&Raw::Object(vec![
             ("driver".to_owned(), Raw::String("redis".into())),
             ("connection".to_owned(), Raw::String("main".into())),
             ("namespace".to_owned(), Raw::String("pem".into())),
         ]))
         .unwrap();
-        let err = Driver::new(&options::parse_connection(&conn).unwrap(), backend)
+        let err = Driver::new(&parse_connection(&conn).unwrap(), backend)
             .err()
             .expect("a malformed PEM is refused");
         assert_eq!(err.code, LockErrorCode::InvalidOptions);

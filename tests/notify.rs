@@ -5,9 +5,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{calls, driver, eventually, hash, url};
-use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::LockErrorCode;
+use common::{calls, connection, driver, eventually, hash, url};
+use dokebi_lock_redis::testing::{RedisLink, SubscribeFailure, SubscriptionState};
+use dokebi_lock_redis::{parse_connection, LockErrorCode, Raw, RedisErrorCode};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -434,4 +434,24 @@ async fn processes_waiting_on_other_keys_soon_stop_slowing_hand_offs_inside_one_
     for w in their_waiters {
         w.abort();
     }
+}
+
+/// Decision 0120: a subscription connection follows the rule of every command connection.
+/// Once it is open, a SUBSCRIBE the server does not answer is bounded by commandTimeoutMs
+/// and reported as a command timeout, not as a connect that failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_the_server_does_not_answer_is_a_command_timeout() {
+    if support::external() {
+        return; // CLIENT PAUSE would stall a shared server
+    }
+    let redis = RedisServer::start();
+    let fields = [("commandTimeoutMs", Raw::Number(200.0))];
+    let options = parse_connection(&connection(redis.url(), &fields)).unwrap();
+    let link = RedisLink::new(&options, 0).unwrap();
+    // New connections are still accepted; their commands wait for the pause to end.
+    redis.command(&["CLIENT", "PAUSE", "4000", "ALL"]);
+    let Err(SubscribeFailure::Failed(failure)) = link.subscribe("unanswered").await else {
+        panic!("a SUBSCRIBE nobody answers must fail as a failed subscription");
+    };
+    assert_eq!(failure.code, RedisErrorCode::CommandTimeout, "{}", failure.message);
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{calls, eventually, hash, url};
-use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::testing::SubscriptionState;
+use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
 use dokebi_lock_redis::{Driver, Lease, LockError};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -23,8 +23,8 @@ fn driver(connection: Raw, namespace: &str, mode: &str, extra: &[(&str, f64)]) -
         ("notifications".to_owned(), Raw::String(mode.into())),
     ];
     fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    Driver::new(&options::parse_connection(&connection).unwrap(), backend).unwrap()
+    let backend = parse_backend(&Raw::Object(fields)).unwrap();
+    Driver::new(&parse_connection(&connection).unwrap(), backend).unwrap()
 }
 
 /// `<namespace>:lock-released:{<hash>}`.
@@ -151,7 +151,7 @@ async fn a_confirmed_key_subscription_makes_its_waiter_check_once_more() {
     let redis = RedisServer::start();
     let d = driver(url(redis.url()), "race", "per-key", &SLOW_POLLS);
     // Held by a foreign owner without expiry: the waiter would sleep the 5 s safety poll.
-    let names = dokebi_lock_redis::keys::KeyNames::new("race", "k");
+    let names = dokebi_lock_redis::testing::KeyNames::new("race", "k");
     redis.command(&["SET", &names.lock, "foreign"]);
     let waiting = waiter(&d, "k");
     eventually("the key's subscription", Duration::from_secs(3), || d.subscribed_keys() == 1).await;

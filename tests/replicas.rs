@@ -104,7 +104,7 @@ async fn a_stopped_replica_fails_a_zero_wait_acquire_retryably_and_leaves_no_loc
     let (primary, replica) = primary_and_replica();
     let d =
         driver(url(primary.url()), "stopped", &[("minReplicas", 1.0), ("replicaTimeoutMs", 200.0)]);
-    let lock_key = dokebi_lock_redis::keys::KeyNames::new("stopped", "job").lock;
+    let lock_key = dokebi_lock_redis::testing::KeyNames::new("stopped", "job").lock;
     replica.pause();
     let started = Instant::now();
     let err = acquire(&d, "job", 0).await.unwrap_err();
@@ -235,14 +235,14 @@ async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
         "redis://127.0.0.1:1",
         &[("cluster", dokebi_lock_redis::Raw::Bool(true))],
     );
-    let backend = dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
+    let backend = dokebi_lock_redis::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
         ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
         ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
         ("namespace".into(), dokebi_lock_redis::Raw::String("c".into())),
         ("minReplicas".into(), dokebi_lock_redis::Raw::Number(1.0)),
     ]))
     .unwrap();
-    let options = dokebi_lock_redis::options::parse_connection(&connection).unwrap();
+    let options = dokebi_lock_redis::parse_connection(&connection).unwrap();
     let err = Driver::new(&options, backend).err().expect("rejected");
     assert_eq!(err.code, LockErrorCode::InvalidOptions);
     assert!(err.message.contains("minReplicas"), "{}", err.message);
@@ -258,7 +258,7 @@ async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
     let d = driver(url(primary.url()), "refused", &[]);
     let err = acquire(&d, "job", 0).await.unwrap_err();
     assert_too_few_replicas(&err);
-    let keys = dokebi_lock_redis::keys::KeyNames::new("refused", "job");
+    let keys = dokebi_lock_redis::testing::KeyNames::new("refused", "job");
     assert_eq!(value(&primary.command(&["EXISTS", &keys.lock, &keys.fence])), "0");
     d.shutdown().await.unwrap();
 }
@@ -277,7 +277,7 @@ async fn min_replicas_needs_wait_in_the_acl_and_a_refused_wait_fails_at_once_and
     }
     let as_user =
         |user: &str| url(&primary.url().replace("redis://", &format!("redis://{user}:s3cret@")));
-    let lock_key = dokebi_lock_redis::keys::KeyNames::new("locks", "job").lock;
+    let lock_key = dokebi_lock_redis::testing::KeyNames::new("locks", "job").lock;
 
     // Without +wait: the refusal itself, not "too few replicas", and not ridden out.
     let d = driver(as_user("nowait"), "locks", &[("minReplicas", 1.0)]);
@@ -326,7 +326,7 @@ async fn a_connection_lost_during_wait_counts_as_too_few_replicas_not_an_unknown
         &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(20_000.0))],
     );
     let d = driver(connection, "lost", &[("minReplicas", 1.0), ("replicaTimeoutMs", 10_000.0)]);
-    let lock_key = dokebi_lock_redis::keys::KeyNames::new("lost", "job").lock;
+    let lock_key = dokebi_lock_redis::testing::KeyNames::new("lost", "job").lock;
     replica.pause();
     let attempt = tokio::spawn({
         let d = d.clone();
@@ -364,7 +364,7 @@ async fn a_wait_the_primary_never_answers_counts_as_too_few_replicas_after_repli
     // Stopped well before replicaTimeoutMs, the primary can never answer: only our own
     // limit (replicaTimeoutMs + commandTimeoutMs) ends the WAIT.
     let d = driver(connection, "stalled", &[("minReplicas", 1.0), ("replicaTimeoutMs", 2_000.0)]);
-    let lock_key = dokebi_lock_redis::keys::KeyNames::new("stalled", "job").lock;
+    let lock_key = dokebi_lock_redis::testing::KeyNames::new("stalled", "job").lock;
     replica.pause();
     let attempt = tokio::spawn({
         let d = d.clone();
@@ -390,7 +390,7 @@ async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_sa
         return;
     }
     let (primary, replica) = primary_and_replica();
-    let options = dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
+    let options = dokebi_lock_redis::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
         ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
         ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
         ("namespace".into(), dokebi_lock_redis::Raw::String("rounds".into())),
@@ -398,10 +398,10 @@ async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_sa
         ("replicaTimeoutMs".into(), dokebi_lock_redis::Raw::Number(1_000.0)),
     ]))
     .unwrap();
-    let connection = dokebi_lock_redis::options::parse_connection(&url(primary.url())).unwrap();
-    let link = Arc::new(dokebi_lock_redis::connection::RedisLink::new(&connection, 0).unwrap());
+    let connection = dokebi_lock_redis::parse_connection(&url(primary.url())).unwrap();
+    let link = Arc::new(dokebi_lock_redis::testing::RedisLink::new(&connection, 0).unwrap());
     let command_timeout = Duration::from_millis(300);
-    let replicas = dokebi_lock_redis::replicas::Replicas::new(&options, command_timeout);
+    let replicas = dokebi_lock_redis::testing::Replicas::new(&options, command_timeout);
     let conn = link.connection().await.unwrap();
     let mut write = redis::cmd("SET");
     write.arg("rounds:written").arg("1");
@@ -439,7 +439,7 @@ async fn a_replica_timeout_not_below_the_command_timeout_is_refused_with_min_rep
     // A WAIT as long as commandTimeoutMs would leave the release or renew queued behind it
     // on the shared connection no time of its own: it would fail OUTCOME_UNKNOWN, and a
     // renewed lease would turn invalid (decision 0130).
-    let connection = dokebi_lock_redis::options::parse_connection(&common::connection(
+    let connection = dokebi_lock_redis::parse_connection(&common::connection(
         "redis://127.0.0.1:1",
         &[("commandTimeoutMs", dokebi_lock_redis::Raw::Number(1_500.0))],
     ))
@@ -451,7 +451,7 @@ async fn a_replica_timeout_not_below_the_command_timeout_is_refused_with_min_rep
             ("namespace".to_owned(), dokebi_lock_redis::Raw::String("both".into())),
         ];
         all.extend(fields.iter().map(|(k, v)| (k.to_string(), dokebi_lock_redis::Raw::Number(*v))));
-        dokebi_lock_redis::options::parse_backend(&dokebi_lock_redis::Raw::Object(all)).unwrap()
+        dokebi_lock_redis::parse_backend(&dokebi_lock_redis::Raw::Object(all)).unwrap()
     };
     for replica_timeout in [1_500.0, 9_000.0] {
         let refused = Driver::new(

@@ -11,8 +11,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::{driver, eventually, hash, value};
-use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::testing::SubscriptionState;
+use dokebi_lock_redis::Raw;
 use dokebi_lock_redis::{Driver, LockErrorCode, Outcome, RedisErrorCode};
 use support::{role, wait_for_replicas, RedisServer, Sentinel};
 use tokio_util::sync::CancellationToken;
@@ -848,7 +848,7 @@ fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> {
             event: &tracing::Event<'_>,
             _: tracing_subscriber::layer::Context<'_, S>,
         ) {
-            if event.metadata().target() != dokebi_lock_redis::events::TARGET {
+            if event.metadata().target() != dokebi_lock_redis::testing::EVENT_TARGET {
                 return;
             }
             let mut code = Code(0, None);

@@ -6,7 +6,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use dokebi_lock_redis::options::Raw;
+use dokebi_lock_redis::Raw;
 use dokebi_lock_redis::{Driver, LockErrorCode};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;

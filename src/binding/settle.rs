@@ -40,13 +40,7 @@ static DUE: AtomicUsize = AtomicUsize::new(0);
 /// about as much as a Redis round trip. `DOKEBI_LOCK_REDIS_STAY_AWAKE_US` sets it for
 /// experiments; 0 turns it off (docs/decisions/0041, docs/perf/README.md).
 fn stay_awake_for() -> Duration {
-    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_STAY_AWAKE_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100)
-    });
-    Duration::from_micros(*MICROS)
+    crate::switches::stay_awake()
 }
 
 /// With more replies due than this, the thread is busy anyway: polling would only take a
@@ -138,7 +132,7 @@ unsafe extern "C" fn has_ref_cb(
 }
 
 fn lock(handle: &Mutex<Option<usize>>) -> std::sync::MutexGuard<'_, Option<usize>> {
-    handle.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(handle)
 }
 
 /// This thread's settler, created on first use.

@@ -6,11 +6,11 @@
 //! way a plain `redis://` URL is. Rules are reported, never the text: it holds a password.
 
 /// The default port of a Sentinel.
-pub const SENTINEL_PORT: u16 = 26379;
+pub(crate) const SENTINEL_PORT: u16 = 26379;
 
 /// A parsed Sentinel URL. Holds the data nodes' password: never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct SentinelUrl {
+pub(crate) struct SentinelUrl {
     /// `rediss-sentinel://`: TLS to the Sentinels and to the data nodes.
     pub tls: bool,
     /// `host:port` of each Sentinel, in the listed order (IPv6 hosts in brackets).
@@ -34,7 +34,7 @@ impl std::fmt::Debug for SentinelUrl {
 }
 
 /// True for the two Sentinel schemes (any case).
-pub fn is_sentinel_url(url: &str) -> bool {
+pub(crate) fn is_sentinel_url(url: &str) -> bool {
     url.split_once("://").is_some_and(|(scheme, _)| {
         let scheme = scheme.to_ascii_lowercase();
         scheme == "redis-sentinel" || scheme == "rediss-sentinel"
@@ -43,7 +43,7 @@ pub fn is_sentinel_url(url: &str) -> bool {
 
 impl SentinelUrl {
     /// Parses a Sentinel URL; the error is the rule it broke, without any of its text.
-    pub fn parse(url: &str) -> Result<Self, &'static str> {
+    pub(crate) fn parse(url: &str) -> Result<Self, &'static str> {
         let (scheme, rest) =
             url.split_once("://").ok_or("connection.url is not a valid Sentinel URL")?;
         let tls = match scheme.to_ascii_lowercase().as_str() {
@@ -108,7 +108,7 @@ impl SentinelUrl {
     }
 
     /// The URL of a data node at `address` (`host:port`): the URL's credentials and database.
-    pub fn node_url(&self, address: &str) -> String {
+    pub(crate) fn node_url(&self, address: &str) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
         match &self.userinfo {
             Some(userinfo) => format!("{scheme}://{userinfo}@{address}{}", self.db),
@@ -117,7 +117,7 @@ impl SentinelUrl {
     }
 
     /// The URL of a Sentinel (`host:port`): no credentials (they are set apart), no database.
-    pub fn sentinel_url(&self, address: &str) -> String {
+    pub(crate) fn sentinel_url(&self, address: &str) -> String {
         format!("{}://{address}", if self.tls { "rediss" } else { "redis" })
     }
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::{address, pause, Sentinel};
+use crate::backoff::Backoff;
 use crate::events;
 
 const CHANNEL: &str = "+switch-master";
@@ -34,7 +35,7 @@ const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
 
 /// Keeps a subscription on the Sentinel at `index` until the link closes.
 pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     while !sentinel.stop.is_cancelled() {
         if let Some(messages) = subscribe(&sentinel, index).await {
             let began = Instant::now();
@@ -42,14 +43,13 @@ pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
             // A subscription that ended at once (a Sentinel that takes it and drops it)
             // counts as a failure: otherwise it would be asked again in a tight loop.
             if began.elapsed() >= HELD_LONG_ENOUGH {
-                backoff = FIRST_BACKOFF;
+                backoff.reset();
                 continue;
             }
         }
-        if !pause(&sentinel.stop, backoff).await {
+        if !pause(&sentinel.stop, backoff.next()).await {
             return;
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use crate::error::{LockError, LockErrorCode};
 use turns::{Remembered, Turns};
 
-pub struct Lines {
+pub(crate) struct Lines {
     lines: Mutex<HashMap<Arc<str>, Arc<Line>>>,
     next_ticket: AtomicU64,
     /// Acquires that really wait (see [`Place::mark_waiting`]), and when the last of them
@@ -50,7 +50,7 @@ impl Default for Lines {
 
 /// One key's line.
 #[derive(Default)]
-pub struct Line {
+pub(crate) struct Line {
     queue: Mutex<VecDeque<(u64, Arc<Notify>)>>,
     /// Wakes the first waiter early: a release notification, or a new subscription.
     pub wake: Notify,
@@ -62,28 +62,28 @@ pub struct Line {
 }
 
 impl Line {
-    pub fn mark_held_here(&self) {
+    pub(crate) fn mark_held_here(&self) {
         self.held_here.store(true, Ordering::Release);
         self.turns.acquired();
     }
 
-    pub fn held_here(&self) -> bool {
+    pub(crate) fn held_here(&self) -> bool {
         self.held_here.load(Ordering::Acquire)
     }
 
     /// A head start owed to a release whose notification never came is void: it must not
     /// delay a later, unrelated wake.
-    pub fn forget_head_start(&self) {
+    pub(crate) fn forget_head_start(&self) {
         self.turns.forget();
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, Arc<Notify>)>> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.queue)
     }
 }
 
 /// A waiter's place in its line; leaving (drop) passes the turn on.
-pub struct Place {
+pub(crate) struct Place {
     lines: Arc<Lines>,
     hash: Arc<str>,
     pub line: Arc<Line>,
@@ -94,12 +94,12 @@ pub struct Place {
 
 impl Lines {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Line>>> {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.lines)
     }
 
     /// Joins the line of `hash`. With `only_if_empty` (waitTimeoutMs 0) a waiter never
     /// jumps the line: LOCK_BUSY at once, without asking Redis, when someone is waiting.
-    pub fn join(
+    pub(crate) fn join(
         self: &Arc<Self>,
         hash: &Arc<str>,
         only_if_empty: bool,
@@ -144,12 +144,12 @@ impl Lines {
     }
 
     fn remembered(&self) -> std::sync::MutexGuard<'_, Remembered> {
-        self.learned.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.learned)
     }
 
     /// The head start a first waiter woken by a release gives before it tries (see
     /// [`Line::head_start`]), counted in [`steps_given`](Self::steps_given).
-    pub fn head_start(&self, line: &Line) -> Option<std::time::Duration> {
+    pub(crate) fn head_start(&self, line: &Line) -> Option<std::time::Duration> {
         let (head_start, steps) = line.turns.head_start(self.others_listening());
         if steps > 0 {
             self.steps_given.fetch_add(steps.into(), Ordering::Relaxed);
@@ -158,12 +158,12 @@ impl Lines {
     }
 
     /// Staggered head-start steps given since the backend started (decision 0070).
-    pub fn steps_given(&self) -> u64 {
+    pub(crate) fn steps_given(&self) -> u64 {
         self.steps_given.load(Ordering::Relaxed)
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, (usize, Option<Instant>)> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.waiting)
     }
 
     fn start_waiting(&self) {
@@ -186,17 +186,17 @@ impl Lines {
 
     /// When the last acquire of this backend that really waited left, or `None` while one
     /// waits.
-    pub fn idle_since(&self) -> Option<Instant> {
+    pub(crate) fn idle_since(&self) -> Option<Instant> {
         self.waiting().1
     }
 
     /// Resolves when the backend went from idle to waiting or back.
-    pub async fn changed(&self) {
+    pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }
 
     /// This backend is releasing `hash`: its line (if any) no longer holds it.
-    pub fn releasing(&self, hash: &str) {
+    pub(crate) fn releasing(&self, hash: &str) {
         if let Some(line) = self.map().get(hash).cloned() {
             line.held_here.store(false, Ordering::Release);
             if self.others_listening.load(Ordering::Acquire) > 0 {
@@ -206,16 +206,16 @@ impl Lines {
     }
 
     /// A release by this backend was heard by `others` other processes.
-    pub fn heard_release(&self, others: u64) {
+    pub(crate) fn heard_release(&self, others: u64) {
         self.others_listening.store(others, Ordering::Release);
     }
 
-    pub fn others_listening(&self) -> u64 {
+    pub(crate) fn others_listening(&self) -> u64 {
         self.others_listening.load(Ordering::Acquire)
     }
 
     /// A release of `hash` was announced: wakes the first waiter of its line, if there is one.
-    pub fn wake(&self, hash: &str) -> bool {
+    pub(crate) fn wake(&self, hash: &str) -> bool {
         let line = self.map().get(hash).cloned();
         line.map(|l| {
             l.turns.announced();
@@ -226,14 +226,14 @@ impl Lines {
 
     /// Wakes the first waiter of the line of `hash` to check once more, without a release
     /// announced (a new subscription to the key).
-    pub fn check_again(&self, hash: &str) {
+    pub(crate) fn check_again(&self, hash: &str) {
         if let Some(line) = self.map().get(hash).cloned() {
             line.wake.notify_one();
         }
     }
 
     /// Wakes the first waiter of every line.
-    pub fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         let lines: Vec<_> = self.map().values().cloned().collect();
         for line in lines {
             line.wake.notify_one();
@@ -241,33 +241,29 @@ impl Lines {
     }
 
     /// Whether the key of `hash` has a line (an acquire in progress).
-    pub fn contains(&self, hash: &str) -> bool {
+    pub(crate) fn contains(&self, hash: &str) -> bool {
         self.map().contains_key(hash)
     }
 
     /// Waiters of this backend, over all lines.
-    pub fn waiters(&self) -> usize {
+    pub(crate) fn waiters(&self) -> usize {
         self.map().values().map(|l| l.queue().len()).sum()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 impl Place {
     /// Resolves once this waiter is first in its line.
-    pub async fn turn(&self) {
+    pub(crate) async fn turn(&self) {
         self.turn.notified().await;
     }
 
     /// This acquire really waits: it queued behind another, or Redis said busy. Until the
     /// last such acquire leaves, the backend is not idle (the subscription stays).
-    pub fn mark_waiting(&self) {
+    pub(crate) fn mark_waiting(&self) {
         if !self.waiting.swap(true, Ordering::AcqRel) {
             self.lines.start_waiting();
         }
@@ -300,13 +296,13 @@ impl Drop for Place {
 
 /// Counts the acquires in progress on a backend (`maxWaiters`).
 #[derive(Default)]
-pub struct InProgress(Arc<AtomicUsize>);
+pub(crate) struct InProgress(Arc<AtomicUsize>);
 
 /// One acquire in progress; dropping it frees the slot.
-pub struct InProgressGuard(Arc<AtomicUsize>);
+pub(crate) struct InProgressGuard(Arc<AtomicUsize>);
 
 impl InProgress {
-    pub fn enter(&self, max: usize) -> Result<InProgressGuard, LockError> {
+    pub(crate) fn enter(&self, max: usize) -> Result<InProgressGuard, LockError> {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .map(|_| InProgressGuard(self.0.clone()))
@@ -318,7 +314,7 @@ impl InProgress {
             })
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.load(Ordering::Acquire)
     }
 }
@@ -365,7 +361,7 @@ mod tests {
         drop(a);
         assert!(is_first(&c).await);
         drop(c);
-        assert!(lines.is_empty(), "an empty line is forgotten");
+        assert_eq!(lines.len(), 0, "an empty line is forgotten");
     }
 
     #[tokio::test]
@@ -393,7 +389,7 @@ mod tests {
         }
         assert_eq!(lines.head_start(&place.line), None, "learned: nobody is owed a turn");
         drop(place);
-        assert!(lines.is_empty());
+        assert_eq!(lines.len(), 0);
     }
 
     #[test]

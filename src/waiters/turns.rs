@@ -13,13 +13,7 @@ use std::time::{Duration, Instant};
 /// a sleeping process and sending one command takes on a busy 2-core machine (decision
 /// 0010). `DOKEBI_LOCK_REDIS_HEAD_START_US` sets it for experiments; 0 turns it off.
 fn head_start() -> Duration {
-    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_HEAD_START_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300)
-    });
-    Duration::from_micros(*MICROS)
+    crate::switches::head_start()
 }
 
 /// The step of the staggered head start (decision 0070): a first waiter woken by a release
@@ -28,13 +22,7 @@ fn head_start() -> Duration {
 /// `DOKEBI_LOCK_REDIS_STAGGER_US` sets it for experiments; 0 returns to decision 0010's
 /// head start for the releasing process alone.
 pub(super) fn stagger_step() -> Duration {
-    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-        std::env::var("DOKEBI_LOCK_REDIS_STAGGER_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1500)
-    });
-    Duration::from_micros(*MICROS)
+    crate::switches::stagger_step()
 }
 
 /// Acquisitions over which a line takes the most other turns it saw as its count.
@@ -89,7 +77,7 @@ impl Turns {
 
     /// What this line learned, if anything.
     pub(super) fn learned(&self) -> Option<Learned> {
-        let window = *self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let window = *crate::sync::lock(&self.window);
         let competitors = self.competitors.load(Ordering::Acquire);
         (competitors != u32::MAX || window.1 > 0).then_some(Learned { competitors, window })
     }
@@ -119,7 +107,7 @@ impl Turns {
         // a whole window without that many, so a fast process that happened to win again
         // soon does not talk itself into competing early (one lucky hand-off is no evidence).
         let turns = heard.saturating_sub(1);
-        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let mut window = crate::sync::lock(&self.window);
         window.0 = window.0.max(turns);
         window.1 += 1;
         let known = self.competitors.load(Ordering::Acquire);

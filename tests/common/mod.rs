@@ -3,42 +3,42 @@
 
 use std::time::{Duration, Instant};
 
-use dokebi_lock_redis::options::{self, Raw};
 use dokebi_lock_redis::Driver;
+use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
 
 use crate::support::RedisServer;
 
 /// A driver for `connection` (a URL string or an object, as JS would pass it) with the
 /// namespace and extra integer options given.
-pub fn driver(connection: Raw, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+pub(crate) fn driver(connection: Raw, namespace: &str, extra: &[(&str, f64)]) -> Driver {
     let mut fields = vec![
         ("driver".to_owned(), Raw::String("redis".into())),
         ("connection".to_owned(), Raw::String("main".into())),
         ("namespace".to_owned(), Raw::String(namespace.into())),
     ];
     fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    Driver::new(&options::parse_connection(&connection).unwrap(), backend).unwrap()
+    let backend = parse_backend(&Raw::Object(fields)).unwrap();
+    Driver::new(&parse_connection(&connection).unwrap(), backend).unwrap()
 }
 
-pub fn url(url: &str) -> Raw {
+pub(crate) fn url(url: &str) -> Raw {
     Raw::String(url.to_owned())
 }
 
 /// A connection object: `{ url, …fields }`.
-pub fn connection(url: &str, fields: &[(&str, Raw)]) -> Raw {
+pub(crate) fn connection(url: &str, fields: &[(&str, Raw)]) -> Raw {
     let mut all = vec![("url".to_owned(), Raw::String(url.into()))];
     all.extend(fields.iter().map(|(k, v)| (k.to_string(), v.clone())));
     Raw::Object(all)
 }
 
 /// The lowercase SHA-256 hex of a key, as in `<namespace>:lock:{<hex>}`.
-pub fn hash(key: &str) -> String {
-    dokebi_lock_redis::keys::KeyNames::new("x", key).hash.to_string()
+pub(crate) fn hash(key: &str) -> String {
+    dokebi_lock_redis::testing::KeyNames::new("x", key).hash.to_string()
 }
 
 /// The bulk-string payload of a raw RESP reply, or the integer of an integer reply.
-pub fn value(reply: &str) -> String {
+pub(crate) fn value(reply: &str) -> String {
     let mut lines = reply.split("\r\n");
     let first = lines.next().unwrap_or_default();
     match first.as_bytes().first() {
@@ -48,7 +48,7 @@ pub fn value(reply: &str) -> String {
 }
 
 /// `calls=` of a command in `INFO commandstats`.
-pub fn calls(redis: &RedisServer, command: &str) -> u64 {
+pub(crate) fn calls(redis: &RedisServer, command: &str) -> u64 {
     let stats = redis.command(&["INFO", "commandstats"]);
     stats
         .lines()
@@ -57,7 +57,7 @@ pub fn calls(redis: &RedisServer, command: &str) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
     let end = Instant::now() + within;
     while !check() {
         assert!(Instant::now() < end, "{what} did not happen within {within:?}");
@@ -68,7 +68,7 @@ pub async fn eventually(what: &str, within: Duration, mut check: impl FnMut() ->
 /// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
 /// ACL tests, the minReplicas one (+ `+wait`) and the Sentinel one (+ `+role`) all start here.
 /// `tests/acl.rs` checks it against README's line.
-pub const LEAST_PRIVILEGE_RULE: &[&str] = &[
+pub(crate) const LEAST_PRIVILEGE_RULE: &[&str] = &[
     "on",
     ">s3cret",
     "resetkeys",

@@ -27,11 +27,11 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 const PORT_ATTEMPTS: usize = 5;
 
 /// True when `REDIS_URL` is set: fault-injecting tests should skip.
-pub fn external() -> bool {
+pub(crate) fn external() -> bool {
     env::var_os("REDIS_URL").is_some()
 }
 
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     pub port: u16,
     url: String,
     host: String,
@@ -52,13 +52,13 @@ struct Local {
 
 impl RedisServer {
     /// A fresh server on a free port, or the `REDIS_URL` one.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with_args(&[])
     }
 
     /// Like [`start`](Self::start) with extra redis-server arguments, e.g.
     /// `&["--maxmemory-policy", "allkeys-lru"]`.
-    pub fn start_with_args(args: &[&str]) -> Self {
+    pub(crate) fn start_with_args(args: &[&str]) -> Self {
         if let Ok(url) = env::var("REDIS_URL") {
             assert!(
                 args.is_empty(),
@@ -71,7 +71,7 @@ impl RedisServer {
 
     /// A throwaway replica of `primary`. Every node of an HA test syncs at once
     /// (`repl-diskless-sync-delay 0`), or a replica's first sync waits 5 s.
-    pub fn start_replica_of(primary: &RedisServer) -> Self {
+    pub(crate) fn start_replica_of(primary: &RedisServer) -> Self {
         let port = primary.port.to_string();
         Self::launch_fresh(&["--replicaof", HOST, &port, "--repl-diskless-sync-delay", "0"], |_| {
             None
@@ -79,7 +79,7 @@ impl RedisServer {
     }
 
     /// A throwaway primary for replicas and Sentinels to follow.
-    pub fn start_primary() -> Self {
+    pub(crate) fn start_primary() -> Self {
         Self::launch_fresh(&["--repl-diskless-sync-delay", "0"], |_| None)
     }
 
@@ -115,36 +115,36 @@ impl RedisServer {
         }
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// The server's temp dir (holds redis.log); None for an external server.
-    pub fn dir(&self) -> Option<&Path> {
+    pub(crate) fn dir(&self) -> Option<&Path> {
         self.local.as_ref().map(|l| l.dir.as_path())
     }
 
     /// The redis-server process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.local.as_ref()?.child.as_ref().map(Child::id)
     }
 
     /// SIGSTOP: connections are still accepted (the kernel does that) but
     /// nothing is answered, like a server stuck or a network black hole.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         let pid = self.running_pid("pause");
         signal(pid, "STOP");
         wait_for_state(pid, |s| s == 'T');
     }
 
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         let pid = self.running_pid("resume");
         signal(pid, "CONT");
         wait_for_state(pid, |s| s != 'T');
     }
 
     /// Abrupt death, as in a crash. `restart()` brings it back.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let local = self.local_mut("kill");
         if let Some(mut child) = local.child.take() {
             let _ = child.kill();
@@ -154,7 +154,7 @@ impl RedisServer {
 
     /// Stops the server and starts a new one on the same port (clients
     /// reconnect to the address they know), with all data gone.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         let port = self.port;
         let local = self.local_mut("restart");
         if let Some(mut child) = local.child.take() {
@@ -182,14 +182,14 @@ impl RedisServer {
     /// `"+PONG\r\n"`, `"$3\r\nbar\r\n"`, `"$-1\r\n"`, `":1\r\n"`, `"-ERR ...\r\n"`
     /// or a whole `INFO` bulk. Error replies are returned, not panicked on, so
     /// tests can assert them. Panics on I/O errors or after 5 s.
-    pub fn command(&self, args: &[&str]) -> String {
+    pub(crate) fn command(&self, args: &[&str]) -> String {
         self.try_command(args, COMMAND_TIMEOUT)
             .unwrap_or_else(|e| panic!("redis {:?} on {}: {e}", args, self.url))
     }
 
     /// Like [`command`](Self::command) but returns I/O errors; a reply that
     /// does not come within `timeout` is `ErrorKind::TimedOut`.
-    pub fn try_command(&self, args: &[&str], timeout: Duration) -> io::Result<String> {
+    pub(crate) fn try_command(&self, args: &[&str], timeout: Duration) -> io::Result<String> {
         let addr = (self.host.as_str(), self.port)
             .to_socket_addrs()?
             .next()
@@ -533,19 +533,19 @@ fn read_reply(reader: &mut impl BufRead, raw: &mut Vec<u8>) -> io::Result<()> {
 
 /// A throwaway Sentinel (`redis-server <conf> --sentinel`) monitoring one primary under
 /// `name` with quorum 1, quick to notice a dead primary (`down-after-milliseconds 500`).
-pub struct Sentinel {
+pub(crate) struct Sentinel {
     pub server: RedisServer,
     pub name: String,
 }
 
 impl Sentinel {
     /// `extra_conf`: more sentinel.conf lines, e.g. an ACL `user` line.
-    pub fn start(name: &str, primary: &RedisServer, extra_conf: &[&str]) -> Self {
+    pub(crate) fn start(name: &str, primary: &RedisServer, extra_conf: &[&str]) -> Self {
         Self::start_for_port(name, primary.port, extra_conf)
     }
 
     /// Monitors the primary at `port` (e.g. its TLS port, with `tls-replication yes`).
-    pub fn start_for_port(name: &str, port: u16, extra_conf: &[&str]) -> Self {
+    pub(crate) fn start_for_port(name: &str, port: u16, extra_conf: &[&str]) -> Self {
         let mut lines = vec![
             format!("sentinel monitor {name} {HOST} {port} 1"),
             format!("sentinel down-after-milliseconds {name} 500"),
@@ -560,16 +560,16 @@ impl Sentinel {
         Sentinel { server, name: name.to_owned() }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.server.port
     }
 
-    pub fn command(&self, args: &[&str]) -> String {
+    pub(crate) fn command(&self, args: &[&str]) -> String {
         self.server.command(args)
     }
 
     /// The port of the primary this Sentinel names now.
-    pub fn primary_port(&self) -> Option<u16> {
+    pub(crate) fn primary_port(&self) -> Option<u16> {
         let reply = self.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.name]);
         reply
             .split("\r\n")
@@ -579,7 +579,7 @@ impl Sentinel {
     }
 
     /// How many replicas of the primary this Sentinel knows and sees up.
-    pub fn replicas_up(&self) -> usize {
+    pub(crate) fn replicas_up(&self) -> usize {
         let reply = self.command(&["SENTINEL", "REPLICAS", &self.name]);
         let fields: Vec<&str> =
             reply.split("\r\n").filter(|l| !l.starts_with(['*', '$']) && !l.is_empty()).collect();
@@ -588,7 +588,7 @@ impl Sentinel {
 
     /// `SENTINEL FAILOVER`, asked again while Sentinel has no replica it deems ready
     /// (it learns of replicas and their state on its INFO rounds).
-    pub fn failover(&self, within: Duration) {
+    pub(crate) fn failover(&self, within: Duration) {
         let end = Instant::now() + within;
         loop {
             let reply = self.command(&["SENTINEL", "FAILOVER", &self.name]);
@@ -602,13 +602,13 @@ impl Sentinel {
 }
 
 /// The role a server reports: "master", "slave", "sentinel".
-pub fn role(server: &RedisServer) -> String {
+pub(crate) fn role(server: &RedisServer) -> String {
     let reply = server.command(&["ROLE"]);
     reply.split("\r\n").find(|l| !l.starts_with(['*', '$'])).unwrap_or_default().to_owned()
 }
 
 /// Blocks until `primary` has `replicas` replicas online (their first sync done).
-pub fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duration) {
+pub(crate) fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duration) {
     let end = Instant::now() + within;
     loop {
         let info = primary.command(&["INFO", "replication"]);

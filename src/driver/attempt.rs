@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::Driver;
 use crate::connection::{Conn, ScriptCall};
-use crate::driver::Driver;
 use crate::error::{Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::{key_expiry, new_token, Lease};

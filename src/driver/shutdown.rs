@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::driver::Driver;
+use super::Driver;
 use crate::error::{LockError, LockErrorCode};
 
 impl Driver {
@@ -17,6 +17,7 @@ impl Driver {
         result
     }
 
+    /// Whether `shutdown()` was called (it may still be running).
     pub fn is_shutting_down(&self) -> bool {
         self.inner.stopping.is_cancelled()
     }
@@ -52,8 +53,7 @@ impl Driver {
                 }
             }
             inner.tasks.wait().await;
-            failures
-                .extend(inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+            failures.extend(crate::sync::lock(&inner.cleanup_failures).drain(..));
             failures
         };
         let timeout = Duration::from_millis(inner.options.shutdown_timeout_ms.into());

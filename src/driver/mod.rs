@@ -1,58 +1,66 @@
-//! The backend: acquire with its wait, release, renew. Plain Rust; the binding maps it to JS.
+//! The backend: the front `Driver` (release, renew, what it reports) with its internals
+//! beside it: acquiring and waiting (`acquire`), one acquire attempt (`attempt`), releasing
+//! by token in the background (`cleanup`) and shutdown (`shutdown`). Plain Rust; the
+//! binding maps it to JS.
+
+mod acquire;
+mod attempt;
+mod cleanup;
+mod shutdown;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::key_notify::KeySubscriptions;
-use crate::keys::{self, KeyLayout, KeyNames};
+use crate::keys::{self, KeyLayout};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
-use crate::notify::{sleep_until_opt, Notifications, Notifier};
+use crate::notify::{Notifications, Notifier};
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::replicas::Replicas;
 use crate::scripts::{self, ReleaseChannels, ReleaseReply};
 use crate::stats::{Counters, Stats};
-use crate::waiters::{InProgress, InProgressGuard, Lines, Place};
+use crate::waiters::{InProgress, Lines};
 
 static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A lock backend on one Redis. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct Driver {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub id: u64,
-    pub options: BackendOptions,
-    pub layout: KeyLayout,
-    pub link: Arc<RedisLink>,
+struct Inner {
+    id: u64,
+    options: BackendOptions,
+    layout: KeyLayout,
+    link: Arc<RedisLink>,
     /// Where releases are published (`notifications`).
-    pub release_channels: ReleaseChannels,
-    pub leases: Registry,
-    pub lines: Arc<Lines>,
-    pub notify: Notifications,
-    pub in_progress: InProgress,
-    pub counters: Counters,
+    release_channels: ReleaseChannels,
+    leases: Registry,
+    lines: Arc<Lines>,
+    notify: Notifications,
+    in_progress: InProgress,
+    counters: Counters,
     /// WAIT for minReplicas after a winning acquire and a renew (decisions 0025–0027).
-    pub replicas: Replicas,
+    replicas: Replicas,
     /// Cancelled when shutdown begins: stops every wait.
-    pub stopping: CancellationToken,
+    stopping: CancellationToken,
     /// Every task that talks to Redis, so shutdown can wait for them.
-    pub tasks: TaskTracker,
+    tasks: TaskTracker,
     /// Background cleanups that failed while shutdown was running.
-    pub cleanup_failures: Mutex<Vec<LockError>>,
-    pub shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
+    cleanup_failures: Mutex<Vec<LockError>>,
+    shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
 }
 
 /// See [`Driver::downgrade`].
+#[doc(hidden)]
 pub struct WeakDriver(std::sync::Weak<Inner>);
 
 impl WeakDriver {
@@ -61,18 +69,10 @@ impl WeakDriver {
     }
 }
 
-/// An acquire that passed the checks and holds its place in line.
-struct Admitted {
-    _in_progress: InProgressGuard,
-    place: Place,
-    keys: Arc<KeyNames>,
-    wait_ms: u32,
-    deadline: Instant,
-}
-
 impl Driver {
     /// Checks only the rules across both arguments (`options::check_together`, minReplicas
-    /// with a Cluster): pass options from [`crate::options`]. Connects lazily.
+    /// with a Cluster): pass options from [`crate::parse_connection`] and
+    /// [`crate::parse_backend`]. Connects lazily.
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
         crate::options::check_together(connection, &options)?;
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
@@ -91,12 +91,16 @@ impl Driver {
             Notifications::PerKey(Arc::new(KeySubscriptions::new(
                 id,
                 &options.namespace,
-                notifications_enabled(),
+                crate::switches::notifications_enabled(),
                 connection.cluster,
             )))
         } else {
             let channel = keys::released_channel(&options.namespace);
-            Notifications::Namespace(Arc::new(Notifier::new(id, channel, notifications_enabled())))
+            Notifications::Namespace(Arc::new(Notifier::new(
+                id,
+                channel,
+                crate::switches::notifications_enabled(),
+            )))
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -119,28 +123,34 @@ impl Driver {
         })
     }
 
+    /// This backend's number in the process (its log events carry it).
     pub fn id(&self) -> u64 {
         self.inner.id
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// A handle that does not keep the driver alive.
     pub fn downgrade(&self) -> WeakDriver {
         WeakDriver(Arc::downgrade(&self.inner))
     }
 
+    /// The validated options it was created with.
     pub fn options(&self) -> &BackendOptions {
         &self.inner.options
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// Validates a key given as UTF-16 code units against this backend's maxKeyBytes.
     pub fn validate_key(&self, units: &[u16]) -> Result<String, LockError> {
         keys::validate_utf16(units, self.inner.options.max_key_bytes)
     }
 
+    /// Leases handed out and not yet released (what maxTrackedLeases bounds).
     pub fn tracked_leases(&self) -> usize {
         self.inner.leases.len()
     }
 
+    /// Acquires waiting in a line (first waiters included).
     pub fn waiters(&self) -> usize {
         self.inner.lines.waiters()
     }
@@ -150,10 +160,13 @@ impl Driver {
         self.inner.lines.len()
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
+    /// The state of the release-notification subscription.
     pub fn subscription_state(&self) -> crate::notify::SubscriptionState {
         self.inner.notify.state()
     }
 
+    /// Release notifications received since the start.
     pub fn notifications_received(&self) -> u64 {
         self.inner.notify.received()
     }
@@ -169,17 +182,18 @@ impl Driver {
         self.inner.notify.subscribed_keys()
     }
 
-    /// Changes of primary this backend followed (Sentinel; 0 otherwise).
     /// Staggered head-start steps this backend's waiters gave other processes (decision
     /// 0070): what fairness cost its hand-offs.
     pub fn head_start_steps(&self) -> u64 {
         self.inner.lines.steps_given()
     }
 
+    /// Changes of primary this backend followed (Sentinel; 0 otherwise).
     pub fn primary_switches(&self) -> u64 {
         self.inner.link.primary_switch_count()
     }
 
+    /// A snapshot of the counters `stats()` reports.
     pub fn stats(&self) -> Stats {
         let inner = &self.inner;
         Stats {
@@ -200,267 +214,6 @@ impl Driver {
             self.inner.counters.error(err.code);
         }
         result
-    }
-
-    /// Acquires `key`, waiting up to `wait_ms` (`None`: the backend's waitTimeoutMs).
-    /// `cancel` is the caller's AbortSignal.
-    ///
-    /// The checks and the place in the key's line are taken when this is called, not when
-    /// the future is first polled: acquires called one after another line up in call
-    /// order, whichever runtime thread later drives them.
-    pub fn acquire(
-        &self,
-        key: &str,
-        wait_ms: Option<u32>,
-        cancel: CancellationToken,
-    ) -> impl Future<Output = Result<Arc<Lease>, LockError>> + Send + 'static {
-        let admitted = self.admit(key, wait_ms, &cancel);
-        let this = self.clone();
-        async move {
-            let acquired = match admitted {
-                Ok(admitted) => this.wait_and_acquire(admitted, cancel).await,
-                Err(err) => Err(err),
-            };
-            this.counted(acquired)
-        }
-    }
-
-    fn admit(
-        &self,
-        key: &str,
-        wait_ms: Option<u32>,
-        cancel: &CancellationToken,
-    ) -> Result<Admitted, LockError> {
-        let inner = &self.inner;
-        let options = &inner.options;
-        if inner.stopping.is_cancelled() {
-            return Err(LockError::shut_down());
-        }
-        if cancel.is_cancelled() {
-            return Err(LockError::aborted());
-        }
-        let in_progress = inner.in_progress.enter(options.max_waiters as usize)?;
-        if inner.leases.len() >= options.max_tracked_leases as usize {
-            return Err(too_many_leases(options.max_tracked_leases));
-        }
-        let wait_ms = wait_ms.unwrap_or(options.wait_timeout_ms);
-        let keys = Arc::new(inner.layout.names(key));
-        let place = inner.lines.join(&keys.hash, wait_ms == 0)?;
-        Ok(Admitted {
-            _in_progress: in_progress,
-            place,
-            keys,
-            wait_ms,
-            deadline: Instant::now() + Duration::from_millis(wait_ms.into()),
-        })
-    }
-
-    async fn wait_and_acquire(
-        &self,
-        admitted: Admitted,
-        cancel: CancellationToken,
-    ) -> Result<Arc<Lease>, LockError> {
-        let inner = &self.inner;
-        let options = &inner.options;
-        let Admitted { place, keys, wait_ms, deadline, .. } = &admitted;
-        let (wait_ms, deadline) = (*wait_ms, *deadline);
-
-        let my_turn = self
-            .unless_stopped(&cancel, async {
-                tokio::select! {
-                    biased;
-                    _ = place.turn() => true,
-                    _ = tokio::time::sleep_until(deadline.into()) => false,
-                }
-            })
-            .await?;
-        if !my_turn {
-            return Err(wait_timeout());
-        }
-
-        // A failure ridden out while waiting; reported if the wait ends on it.
-        let mut last_failure: Option<RedisFailure> = None;
-        // Nothing is submitted while connecting, so the wait's deadline cuts a connect; with
-        // waitTimeoutMs 0 ("tries once") only connectTimeoutMs bounds it (decision 0004).
-        let connect_until = (wait_ms > 0).then_some(deadline);
-        // The waiter before us in this line acquired the key: it is held here, so asking
-        // Redis now would only hear "busy". Wait for the release to be announced.
-        let mut skip_attempt = wait_ms > 0 && place.line.held_here();
-        loop {
-            if skip_attempt {
-                skip_attempt = false;
-                place.mark_waiting();
-                inner.notify.ensure(
-                    &keys.hash,
-                    &inner.link,
-                    &inner.lines,
-                    &inner.stopping,
-                    &inner.tasks,
-                );
-                let delay = self
-                    .safety_interval(&keys.hash)
-                    .min(deadline.saturating_duration_since(Instant::now()));
-                self.pause(place, delay, &cancel).await?;
-                continue;
-            }
-            inner.counters.attempt();
-            let connected = self
-                .unless_stopped(&cancel, async {
-                    tokio::select! {
-                        biased;
-                        conn = inner.link.connection() => Some(conn),
-                        _ = sleep_until_opt(connect_until) => None,
-                    }
-                })
-                .await?;
-            let attempt = match connected {
-                None => {
-                    return Err(last_failure
-                        .map(LockError::from_redis)
-                        .unwrap_or_else(wait_timeout))
-                }
-                Some(Err(failure)) => Attempt::Failed(failure),
-                Some(Ok(conn)) => {
-                    let mut reply = self.spawn_attempt(conn, keys.clone());
-                    tokio::select! {
-                        biased;
-                        r = &mut reply => match r {
-                            Ok(attempt) => attempt,
-                            // The attempt's task panicked: it may have run, so the wait ends.
-                            Err(_) => return Err(internal_error("acquire attempt")),
-                        },
-                        _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
-                        _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
-                    }
-                }
-            };
-            let delay = match attempt {
-                Attempt::Acquired(lease) => {
-                    place.line.mark_held_here();
-                    return self.track(lease);
-                }
-                Attempt::Busy(_) if wait_ms == 0 => {
-                    return Err(LockError::new(
-                        LockErrorCode::LockBusy,
-                        "the lock is held by another owner",
-                    ))
-                }
-                Attempt::Busy(pttl) => {
-                    last_failure = None;
-                    // Really waiting now: listen for releases instead of polling fast.
-                    place.mark_waiting();
-                    inner.notify.ensure(
-                        &keys.hash,
-                        &inner.link,
-                        &inner.lines,
-                        &inner.stopping,
-                        &inner.tasks,
-                    );
-                    match pttl {
-                        // Expired or gone in between: try again at once.
-                        Some(0) | Some(-2) => Duration::ZERO,
-                        Some(ms) if ms > 0 => {
-                            Duration::from_millis(ms as u64).min(self.safety_interval(&keys.hash))
-                        }
-                        // No expiry (-1) or an old script's nil: only the safety interval is known.
-                        _ => self.safety_interval(&keys.hash),
-                    }
-                }
-                Attempt::Failed(failure) if wait_ms > 0 && failure.rides_out_waiting() => {
-                    last_failure = Some(failure);
-                    Duration::from_millis(options.poll_interval_ms.into())
-                }
-                Attempt::Failed(failure) => return Err(LockError::from_redis(failure)),
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(last_failure.map(LockError::from_redis).unwrap_or_else(wait_timeout));
-            }
-            let delay = delay.min(deadline - now);
-            if delay.is_zero() {
-                continue;
-            }
-            self.pause(place, delay, &cancel).await?;
-        }
-    }
-
-    /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
-    async fn unless_stopped<T>(
-        &self,
-        cancel: &CancellationToken,
-        work: impl Future<Output = T>,
-    ) -> Result<T, LockError> {
-        tokio::select! {
-            biased;
-            _ = self.inner.stopping.cancelled() => Err(LockError::shut_down()),
-            _ = cancel.cancelled() => Err(LockError::aborted()),
-            out = work => Ok(out),
-        }
-    }
-
-    /// Sleeps up to `delay`, or until a release of the key is announced.
-    async fn pause(
-        &self,
-        place: &Place,
-        delay: Duration,
-        cancel: &CancellationToken,
-    ) -> Result<(), LockError> {
-        let woken = self
-            .unless_stopped(cancel, async {
-                tokio::select! {
-                    biased;
-                    _ = place.line.wake.notified() => true,
-                    _ = tokio::time::sleep(delay) => false,
-                }
-            })
-            .await?;
-        if woken {
-            return self.head_start(place, cancel).await;
-        }
-        // A head start owed to a release whose notification never came is void: it must not
-        // delay a later, unrelated wake.
-        place.line.forget_head_start();
-        Ok(())
-    }
-
-    /// Woken by a release this backend made itself while other processes listen: let
-    /// their first waiters try first, or this process, whose runtime is already awake,
-    /// would win most hand-offs (decision 0010). Counted from our own wake: the other
-    /// processes hear the same notification at about the same moment.
-    ///
-    /// A release announced during a staggered head start (decision 0070) means someone took
-    /// the key and gave it back meanwhile: the head start is sized again, shorter, instead
-    /// of trying for a key that was surely taken. A long head start is thus often never
-    /// served, which spares Redis the attempt.
-    async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
-        while let Some(head_start) = self.inner.lines.head_start(&place.line) {
-            let announced = self
-                .unless_stopped(cancel, async {
-                    tokio::select! {
-                        biased;
-                        _ = place.line.wake.notified() => true,
-                        _ = precise_sleep(head_start) => false,
-                    }
-                })
-                .await?;
-            if !announced {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// How long a waiter of `hash` sleeps without other news: notifyPollIntervalMs while a
-    /// release of it would be heard (per key: its subscription is confirmed),
-    /// pollIntervalMs otherwise.
-    fn safety_interval(&self, hash: &str) -> Duration {
-        let options = &self.inner.options;
-        let ms = if self.inner.notify.is_live_for(hash) {
-            options.notify_poll_interval_ms
-        } else {
-            options.poll_interval_ms
-        };
-        Duration::from_millis(ms.into())
     }
 
     pub(crate) fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
@@ -517,12 +270,14 @@ impl Driver {
         }
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// A lease handed out by this backend, by id, while it is tracked: until it is released
     /// (the binding hands leases to JS by id, not as one native object each).
     pub fn lease(&self, id: u64) -> Option<Arc<Lease>> {
         self.inner.leases.get(id)
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::release`] by lease id. A lease no longer tracked was released already (by
     /// `release()` or shutdown): false, asking Redis nothing, as a second `release()` does.
     pub fn release_by_id(
@@ -538,6 +293,7 @@ impl Driver {
         }
     }
 
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::renew`] by lease id; a lease no longer tracked was released, so it is no
     /// longer valid, as [`Driver::renew`] says of it.
     pub fn renew_by_id(
@@ -625,21 +381,6 @@ impl Driver {
     }
 }
 
-/// `DOKEBI_LOCK_REDIS_NOTIFICATIONS=0` turns release notifications off, so waiters only
-/// poll: the "before" of the contention benchmark (docs/decisions/0007).
-fn notifications_enabled() -> bool {
-    std::env::var("DOKEBI_LOCK_REDIS_NOTIFICATIONS").map_or(true, |v| v != "0")
-}
-
-/// tokio's timer counts whole milliseconds (a 300 µs sleep lasts 1–2 ms); a head start
-/// shorter than that sleeps on the blocking pool instead.
-async fn precise_sleep(d: Duration) {
-    if d >= Duration::from_millis(1) {
-        return tokio::time::sleep(d).await;
-    }
-    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
-}
-
 fn internal_error(what: &str) -> LockError {
     LockError::internal(LockErrorCode::OutcomeUnknown, what)
 }
@@ -655,10 +396,6 @@ fn no_longer_valid() -> LockError {
     LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid")
 }
 
-fn wait_timeout() -> LockError {
-    LockError::new(LockErrorCode::WaitTimeout, "the wait for the lock ran out")
-}
-
 fn too_many_leases(max: u32) -> LockError {
     LockError::new(
         LockErrorCode::TooManyLeases,
@@ -669,6 +406,7 @@ fn too_many_leases(max: u32) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::KeyNames;
     use crate::options::{parse_backend, parse_connection, Raw};
 
     fn nowhere() -> Driver {

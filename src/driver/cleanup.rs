@@ -4,42 +4,26 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::driver::Driver;
+use super::Driver;
+use crate::backoff::Backoff;
 use crate::error::{LockError, Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;
 use crate::scripts::{self, ReleaseReply};
 
-/// The pause between tries of a background release: pollIntervalMs, doubling up to 1 s.
-pub(crate) struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(poll_interval_ms: u32) -> Self {
-        Self { next: Duration::from_millis(poll_interval_ms.into()) }
-    }
-
-    pub(crate) fn peek(&self) -> Duration {
-        self.next
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let now = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(1));
-        now
-    }
-}
-
 impl Driver {
+    /// The pause between tries of a background release: pollIntervalMs, doubling up to 1 s.
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff::new(self.inner.options.poll_interval_ms)
+        Backoff::new(
+            Duration::from_millis(self.inner.options.poll_interval_ms.into()),
+            Duration::from_secs(1),
+        )
     }
 
     /// A cleanup that gives up while shutdown runs makes shutdown report CLEANUP_FAILED.
     pub(crate) fn note_cleanup_failure(&self, err: LockError) {
         if self.inner.stopping.is_cancelled() {
-            self.inner.cleanup_failures.lock().unwrap_or_else(|e| e.into_inner()).push(err);
+            crate::sync::lock(&self.inner.cleanup_failures).push(err);
         }
     }
 

@@ -1,0 +1,116 @@
+//! Script calls on the shared connection: EVALSHA with one EVAL on NOSCRIPT, a `MOVED`
+//! followed (it surely did not run, decision 0009), and nothing handed to a connection
+//! that is closed or no longer the primary's (`refuse_if_stale`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::{Conn, Handle, RedisLink, Target};
+use crate::error::RedisFailure;
+use crate::scripts::LuaScript;
+
+/// A script with its keys and arguments, ready to send.
+pub struct ScriptCall {
+    pub script: &'static LuaScript,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+impl ScriptCall {
+    fn command(&self, by_sha: bool) -> redis::Cmd {
+        let (name, script) =
+            if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
+        // Sized up front: grown argument by argument, the command's buffers were reallocated
+        // several times per call on the runtime's thread (docs/perf/README.md).
+        let data = name.len()
+            + script.len()
+            + 20
+            + self.keys.iter().chain(&self.args).map(String::len).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
+        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+}
+
+impl RedisLink {
+    /// Known dead, or no longer to be used for the primary, before anything was handed to
+    /// it: the connection is dropped and the command fails as surely not sent.
+    fn refuse_if_stale(&self, conn: &Conn) -> Result<(), RedisFailure> {
+        self.stale(conn).inspect_err(|_| self.forget(conn))
+    }
+
+    /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
+    /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
+    pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
+        self.refuse_if_stale(conn)?;
+        let mut inner = conn.inner.clone();
+        let mut reply = send(&mut inner, &call.command(true)).await;
+        // A MOVED reply means the node did not run it, so sending it again is no retry of
+        // an unsettled command. redis-rs refreshes its slot map on MOVED; give it a moment.
+        for pause_ms in [0, 10, 50] {
+            if !matches!(&reply, Err(f) if f.server_code.as_deref() == Some("MOVED")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            reply = send(&mut inner, &call.command(true)).await;
+        }
+        if matches!(&reply, Err(f) if f.is_no_script()) {
+            reply = send(&mut inner, &call.command(false)).await;
+        }
+        if matches!(&reply, Err(f) if !f.surely_not_applied()) {
+            self.forget(conn);
+        }
+        // A demoted primary refuses writes: ask Sentinel where the primary went.
+        if matches!(&self.target, Target::Sentinel(_))
+            && matches!(&reply, Err(f) if f.server_code.as_deref() == Some("READONLY"))
+        {
+            self.forget(conn);
+        }
+        reply
+    }
+
+    /// Sends one command on `conn` itself, not on whichever connection is current: WAIT
+    /// counts the writes of the connection it runs on (issue 11). Not timed, like `eval`.
+    /// On a connection to a node that is no longer the primary nothing is sent: a WAIT there
+    /// would count the replicas of a demoted node, so the write counts as unconfirmed.
+    pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
+        self.refuse_if_stale(conn)?;
+        let reply = send(&mut conn.inner.clone(), cmd).await;
+        if matches!(&reply, Err(f) if !f.surely_not_applied()) {
+            self.forget(conn);
+        }
+        reply
+    }
+
+    /// Connects if needed, then runs the script within commandTimeoutMs. Also returns the
+    /// moment the command was submitted, where lease deadlines start.
+    pub async fn run(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+    ) -> Result<(Value, Instant), RedisFailure> {
+        self.run_on(call).await.map(|(value, submitted, _)| (value, submitted))
+    }
+
+    /// [`run`](Self::run), also returning the connection that ran it (for WAIT, issue 11).
+    pub async fn run_on(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+    ) -> Result<(Value, Instant, Conn), RedisFailure> {
+        let conn = self.connection().await?;
+        let submitted = Instant::now();
+        match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
+            Ok(reply) => reply.map(|v| (v, submitted, conn)),
+            Err(_) => {
+                // Later commands would queue behind the stalled one on this connection.
+                self.forget(&conn);
+                Err(RedisFailure::command_timeout())
+            }
+        }
+    }
+}
+
+async fn send(conn: &mut Handle, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
+    conn.send(cmd).await.and_then(Value::extract_error).map_err(|e| RedisFailure::command(&e))
+}
