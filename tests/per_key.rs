@@ -179,10 +179,12 @@ async fn a_key_is_unsubscribed_a_grace_period_after_its_line_emptied_and_then_th
     let wait_a = waiter(&d, "a");
     let wait_b = waiter(&d, "b");
     eventually("both subscriptions", Duration::from_secs(3), || d.subscribed_keys() == 2).await;
+    // a's line empties during this hand-off: the clock starts before it, so a busy machine's
+    // slow hand-off cannot make the unsubscribe look early.
+    let emptied = Instant::now();
     holder.release(&held_a).await.unwrap();
     let lease_a = wait_a.await.unwrap().unwrap();
     d.release(&lease_a).await.unwrap();
-    let emptied = Instant::now();
     // a's line is empty; b still waits: a goes after its grace period, b stays.
     eventually("a's unsubscribe", Duration::from_secs(4), || numsub(&redis, &a) == "0").await;
     let after = emptied.elapsed();
