@@ -171,7 +171,7 @@ describe('the wait line inside a backend', () => {
       const held = await d.acquire(key);
       const served = [];
       const waiters = [0, 1, 2, 3, 4].map((i) => servedWaiter(d, key, i, served).promise);
-      await sleep(50); // every call has reached the line (nothing public to await)
+      await eventually('the five in the line', () => d.stats().waiters === 5);
       assert.equal(await held.release(), true);
       await within(10_000, Promise.all(waiters), 'the five waiters');
       assert.deepEqual(served, [0, 1, 2, 3, 4], `round ${round}: served in call order`);
