@@ -113,7 +113,8 @@ rust_failures() {
 
 # Prints "<round> node  <test>" for every failed test of the TAP output, with the file and
 # line of its `location:` field. Only the leaves: a failed describe block (or file) whose
-# subtests failed only repeats them, but one that failed itself (a hook, a crash) is kept.
+# subtests failed only repeats them, but one that failed itself (a hook, a crash) is kept,
+# and stands for the subtests it cancelled (failureType cancelledByParent).
 node_failures() {
   awk -v round="$1" '
     function flush() {
@@ -126,8 +127,12 @@ node_failures() {
       kid = sub_failed[d + 1]
       for (k in sub_failed) if (k + 0 > d) delete sub_failed[k]
       if ($0 !~ /^ *not ok / || $0 ~ / # TODO/) next
-      sub_failed[d] = 1
-      if (!kid) { pending = $0; sub(/^ *not ok [0-9]+ - /, "", pending) }
+      was = sub_failed[d]; sub_failed[d] = 1
+      if (!kid) { pending = $0; sub(/^ *not ok [0-9]+ - /, "", pending); pdepth = d; pwas = was }
+      next
+    }
+    /^ *failureType: .cancelledByParent./ && pending != "" {
+      sub_failed[pdepth] = pwas; pending = ""; loc = ""
       next
     }
     /^ *location: / && pending != "" && loc == "" {
