@@ -25,7 +25,7 @@ usage() {
   exit 2
 }
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
 rounds=''
 hog=0
