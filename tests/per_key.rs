@@ -113,7 +113,8 @@ async fn a_process_waiting_on_one_key_hears_nothing_of_releases_of_other_keys() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_new_keys_is_subscribed_in_one_round_trip_and_each_checks_once_more() {
+async fn a_burst_of_new_keys_is_subscribed_in_a_few_round_trips_not_one_per_key_and_each_checks_once_more(
+) {
     let redis = RedisServer::start();
     const KEYS: usize = 40;
     let holder = driver(url(redis.url()), "burst", "per-key", &[]);
@@ -126,8 +127,12 @@ async fn a_burst_of_new_keys_is_subscribed_in_one_round_trip_and_each_checks_onc
     let waiting: Vec<_> = (0..KEYS).map(|i| waiter(&d, &format!("k{i}"))).collect();
     eventually("every key's subscription", Duration::from_secs(5), || d.subscribed_keys() == KEYS)
         .await;
-    assert_eq!(calls(&redis, "subscribe") - subscribes_before, 1, "one SUBSCRIBE for the burst");
-    assert_eq!(d.subscriptions(), 1);
+    // Keys registered within the 2 ms window go out together, and those registered while a
+    // SUBSCRIBE is in flight go in the next (decision 0061): one SUBSCRIBE on an idle
+    // machine, two or three when a busy one spreads the 40 busy replies; one per key is 40.
+    let subscribes = calls(&redis, "subscribe") - subscribes_before;
+    assert!(subscribes <= 4, "{subscribes} SUBSCRIBEs for a burst of {KEYS} keys");
+    assert_eq!(d.subscriptions(), subscribes, "each SUBSCRIBE confirmed once");
     assert_eq!(channels(&redis).len(), KEYS);
     // Each waiter has had its check at the confirmation; the safety poll is 5 s away, so
     // only each key's own notification wakes its waiter.
