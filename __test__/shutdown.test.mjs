@@ -130,8 +130,12 @@ describe('shutdown', () => {
     await redis.pause();
     let resumed = false;
     t.after(() => (resumed ? undefined : redis.resume()));
+    const attempts = d.stats().redisAttempts;
     const pending = failure(d.acquire('k'));
-    await new Promise((resolve) => setTimeout(resolve, 50)); // the acquire is on the wire
+    // The acquire is on the wire: its script is counted just before it is written (a busy
+    // machine may take longer than any fixed pause to get there), then a moment to write it.
+    await eventually('the acquire script to be sent', () => d.stats().redisAttempts > attempts);
+    await new Promise((resolve) => setTimeout(resolve, 50));
     const [acquireErr, shutdownErr] = await within(3000, Promise.all([pending, failure(d.shutdown())]), 'shutdown');
     assertLockError(acquireErr, 'SHUT_DOWN');
     assertLockError(shutdownErr, 'CLEANUP_TIMEOUT'); // the acquire in flight never answered

@@ -4,7 +4,6 @@
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
 import {
   eventually, failure, lockKeyOf, scriptCalls, uniqueNamespace, within, driverFor as sharedDriverFor,
 } from './helpers/lock.mjs';
@@ -341,7 +340,7 @@ describe('keys and acquire options', () => {
 
 describe('the wait line of a process', () => {
   /** Starts waiters on `key` in order; each records its turn and releases at once. */
-  async function lineUp(d, key, names, { gapMs }) {
+  async function lineUp(d, key, names) {
     const order = [];
     const done = [];
     for (const name of names) {
@@ -350,9 +349,9 @@ describe('the wait line of a process', () => {
         await lease.release();
         return lease.fence;
       }));
-      // The line is inside the driver and not observable; a pause makes the arrival
-      // order unambiguous. (Calls in one tick: their own test in notify.test.mjs.)
-      await sleep(gapMs);
+      // Each one in the line before the next is called, so the arrival order is unambiguous
+      // however slow the machine. (Calls in one tick: their own test in notify.test.mjs.)
+      await eventually(`${name} in the line`, () => d.stats().waiters === done.length);
     }
     return { order, done };
   }
@@ -362,7 +361,7 @@ describe('the wait line of a process', () => {
     const holder = driverFor(t, ns);
     const d = driverFor(t, ns);
     const held = await holder.acquire('k');
-    const { order, done } = await lineUp(d, 'k', ['w1', 'w2', 'w3'], { gapMs: 30 });
+    const { order, done } = await lineUp(d, 'k', ['w1', 'w2', 'w3']);
     await held.release();
     const fences = await within(5000, Promise.all(done), 'the line');
     assert.deepEqual(order, ['w1', 'w2', 'w3']);

@@ -90,12 +90,14 @@ async fn uncontended_acquires_do_not_keep_the_subscription_open_after_the_last_w
         numsub(&redis, "stream:lock-released") == "1"
     })
     .await;
+    // The idle second runs from when the waiter left, somewhere in this hand-off: the clock
+    // starts before it, so a busy machine's slow hand-off cannot make the close look early.
+    let left_at = Instant::now();
     d.release(&held).await.unwrap();
     let lease = waiter.await.unwrap().unwrap();
     d.release(&lease).await.unwrap();
     // The last waiter has left. Uncontended acquires every 200 ms for 2.5 s are not waiters:
     // the subscription closes about 1 s after the waiter left, while they go on.
-    let left_at = Instant::now();
     let mut closed_after = None;
     for i in 0..12 {
         let lease = d.acquire(&format!("other-{i}"), None, CancellationToken::new()).await.unwrap();

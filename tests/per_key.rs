@@ -113,7 +113,8 @@ async fn a_process_waiting_on_one_key_hears_nothing_of_releases_of_other_keys() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_new_keys_is_subscribed_in_one_round_trip_and_each_checks_once_more() {
+async fn a_burst_of_new_keys_is_subscribed_in_a_few_round_trips_not_one_per_key_and_each_checks_once_more(
+) {
     let redis = RedisServer::start();
     const KEYS: usize = 40;
     let holder = driver(url(redis.url()), "burst", "per-key", &[]);
@@ -126,8 +127,12 @@ async fn a_burst_of_new_keys_is_subscribed_in_one_round_trip_and_each_checks_onc
     let waiting: Vec<_> = (0..KEYS).map(|i| waiter(&d, &format!("k{i}"))).collect();
     eventually("every key's subscription", Duration::from_secs(5), || d.subscribed_keys() == KEYS)
         .await;
-    assert_eq!(calls(&redis, "subscribe") - subscribes_before, 1, "one SUBSCRIBE for the burst");
-    assert_eq!(d.subscriptions(), 1);
+    // Keys registered within the 2 ms window go out together, and those registered while a
+    // SUBSCRIBE is in flight go in the next (decision 0061): one SUBSCRIBE on an idle
+    // machine, two or three when a busy one spreads the 40 busy replies; one per key is 40.
+    let subscribes = calls(&redis, "subscribe") - subscribes_before;
+    assert!(subscribes <= 4, "{subscribes} SUBSCRIBEs for a burst of {KEYS} keys");
+    assert_eq!(d.subscriptions(), subscribes, "each SUBSCRIBE confirmed once");
     assert_eq!(channels(&redis).len(), KEYS);
     // Each waiter has had its check at the confirmation; the safety poll is 5 s away, so
     // only each key's own notification wakes its waiter.
@@ -179,10 +184,12 @@ async fn a_key_is_unsubscribed_a_grace_period_after_its_line_emptied_and_then_th
     let wait_a = waiter(&d, "a");
     let wait_b = waiter(&d, "b");
     eventually("both subscriptions", Duration::from_secs(3), || d.subscribed_keys() == 2).await;
+    // a's line empties during this hand-off: the clock starts before it, so a busy machine's
+    // slow hand-off cannot make the unsubscribe look early.
+    let emptied = Instant::now();
     holder.release(&held_a).await.unwrap();
     let lease_a = wait_a.await.unwrap().unwrap();
     d.release(&lease_a).await.unwrap();
-    let emptied = Instant::now();
     // a's line is empty; b still waits: a goes after its grace period, b stays.
     eventually("a's unsubscribe", Duration::from_secs(4), || numsub(&redis, &a) == "0").await;
     let after = emptied.elapsed();
@@ -261,8 +268,11 @@ async fn a_mixed_fleet_of_namespace_and_per_key_processes_both_make_progress() {
     let (old_acquired, old_longest, old) = old_run.await.unwrap().unwrap();
     let (new_acquired, new_longest, new) = new_run.await.unwrap().unwrap();
     assert!(old_acquired >= 5 && new_acquired >= 5, "acquired {old_acquired} / {new_acquired}");
+    // A wait for the other process's release takes one or two safety intervals (250 ms),
+    // a few when its polls keep landing on the other's 10 ms holds; 2.5 s is 5× two
+    // intervals and half the 5 s waitTimeoutMs a starved process would run into.
     for longest in [old_longest, new_longest] {
-        assert!(longest < Duration::from_millis(1_000), "a wait took {longest:?}");
+        assert!(longest < Duration::from_millis(2_500), "a wait took {longest:?}");
     }
     old.shutdown().await.unwrap();
     new.shutdown().await.unwrap();

@@ -134,16 +134,19 @@ test('latency(ms) delays each direction and keeps the order', { skip }, async (t
   const c = await rawClient(proxy.port);
   t.after(() => c.close());
   await c.call('PING');
-  proxy.latency(60);
+  // 250 ms each way, so that the round trip without latency (about 1 ms, tens on a busy
+  // machine) stays far below the one latency would make (500 ms and more).
+  proxy.latency(250);
   const started = performance.now();
   const replies = await Promise.all([c.call('SET', 'lat', '1'), c.call('INCR', 'lat'), c.call('GET', 'lat')]);
   const took = performance.now() - started;
   assert.deepEqual(replies, ['OK', 2, '2']);
-  assert.ok(took >= 115, `a round trip took ${took.toFixed(0)} ms with 60 ms each way`);
+  assert.ok(took >= 495, `a round trip took ${took.toFixed(0)} ms with 250 ms each way`);
   proxy.latency(0);
   const quick = performance.now();
   await c.call('PING');
-  assert.ok(performance.now() - quick < 60);
+  const quickTook = performance.now() - quick;
+  assert.ok(quickTook < 250, `a round trip took ${quickTook.toFixed(0)} ms after latency(0)`);
 });
 
 test('killAll() closes every open connection; retarget() sends new ones to another server', { skip }, async (t) => {
