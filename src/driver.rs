@@ -11,10 +11,9 @@ use tokio_util::task::TaskTracker;
 use crate::attempt::Attempt;
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
-use crate::key_notify::KeySubscriptions;
 use crate::keys::{self, KeyLayout, KeyNames};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
-use crate::notify::{sleep_until_opt, Notifications, Notifier};
+use crate::notify::{sleep_until_opt, Notifications};
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::replicas::Replicas;
 use crate::scripts::{self, ReleaseChannels, ReleaseReply};
@@ -86,15 +85,15 @@ impl Driver {
         let release_channels =
             ReleaseChannels::new(&options.namespace, options.notifications, connection.cluster);
         let notify = if options.notifications.per_key() {
-            Notifications::PerKey(Arc::new(KeySubscriptions::new(
+            Notifications::per_key(
                 id,
                 &options.namespace,
                 notifications_enabled(),
                 connection.cluster,
-            )))
+            )
         } else {
             let channel = keys::released_channel(&options.namespace);
-            Notifications::Namespace(Arc::new(Notifier::new(id, channel, notifications_enabled())))
+            Notifications::namespace(id, channel, notifications_enabled())
         };
         Ok(Self {
             inner: Arc::new(Inner {

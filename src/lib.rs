@@ -8,7 +8,6 @@ pub mod connection;
 pub mod driver;
 pub mod error;
 pub mod events;
-pub mod key_notify;
 pub mod keys;
 pub mod lease;
 pub mod mutants;
