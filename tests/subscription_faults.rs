@@ -7,25 +7,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{connection, eventually, url};
+use common::{connection, eventually, notifying_driver as driver, url};
 use dokebi_lock_redis::notify::SubscriptionState;
-use dokebi_lock_redis::options::{self, Raw};
+use dokebi_lock_redis::options::Raw;
 use dokebi_lock_redis::{Driver, Lease, LockError};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
-
-/// A driver with `notifications` set and the integer options given.
-fn driver(connection: Raw, namespace: &str, mode: &str, extra: &[(&str, f64)]) -> Driver {
-    let mut fields = vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String(namespace.into())),
-        ("notifications".to_owned(), Raw::String(mode.into())),
-    ];
-    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let backend = options::parse_backend(&Raw::Object(fields)).unwrap();
-    Driver::new(&options::parse_connection(&connection).unwrap(), backend).unwrap()
-}
 
 fn waiter(
     d: &Driver,
