@@ -178,11 +178,6 @@ impl Notifications {
             0
         }
     }
-
-    /// Per-key subscriptions are sharded now (a Cluster with sharded pub/sub).
-    pub fn is_sharded(&self) -> bool {
-        self.0.is_sharded()
-    }
 }
 
 impl Shared {
