@@ -146,3 +146,41 @@ async fn an_unsubscribe_that_times_out_leaves_the_other_keys_subscribed() {
     d.shutdown().await.unwrap();
     holder.shutdown().await.unwrap();
 }
+
+/// A restart closes both connections at once: the waiters woken by the subscription's loss
+/// ride out the command connection's end too (it is announced closed, so their attempt is
+/// surely not sent) and get the key, which the restart freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_woken_by_a_restart_ride_out_the_command_connections_end() {
+    if support::external() {
+        return;
+    }
+    for mode in ["namespace", "per-key"] {
+        let mut redis = RedisServer::start();
+        let holder = driver(url(redis.url()), "restart", mode, &[]);
+        let d = driver(url(redis.url()), "restart", mode, &[("pollIntervalMs", 20.0)]);
+        let _held = holder.acquire("a", None, CancellationToken::new()).await.unwrap();
+        // Each takes the key in turn and hands it on.
+        let waiting: Vec<_> = (0..4)
+            .map(|_| {
+                let d = d.clone();
+                tokio::spawn(async move {
+                    let lease = d.acquire("a", Some(20_000), CancellationToken::new()).await?;
+                    d.release(&lease).await.map(|_| ())
+                })
+            })
+            .collect();
+        eventually("the subscription", Duration::from_secs(5), || {
+            d.subscription_state() == SubscriptionState::Live
+        })
+        .await;
+        redis.restart();
+        let mut outcomes = Vec::new();
+        for w in waiting {
+            outcomes.push(w.await.unwrap());
+        }
+        assert!(outcomes.iter().all(Result::is_ok), "{mode}: {outcomes:?}");
+        d.shutdown().await.unwrap();
+        let _ = holder.shutdown().await;
+    }
+}

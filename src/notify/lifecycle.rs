@@ -376,4 +376,4 @@ async fn resubscribe_at_switch(
 /// How long after a failure the waiters are woken (decision 0111): a command connection
 /// closed by the same cause sees its own end within this (its reader wakes on the same
 /// event), so their next attempt does not race it.
-const WAKE_AFTER_FAILURE: Duration = Duration::from_millis(20);
+const WAKE_AFTER_FAILURE: Duration = Duration::from_millis(50);
