@@ -66,7 +66,7 @@ pub(crate) fn released_channel(namespace: &str) -> String {
 /// (`notifications: 'per-key'`). The lock key's hash tag, so in a Cluster the channel
 /// lives in the key's slot (sharded pub/sub, decision 0060). Build channels with
 /// [`KeyChannels`].
-pub(crate) fn key_released_prefix(namespace: &str) -> String {
+fn key_released_prefix(namespace: &str) -> String {
     format!("{namespace}:lock-released:{{")
 }
 
@@ -92,8 +92,6 @@ impl KeyChannels {
     }
 
     /// The key hash of one of these channels, or None for any other channel.
-    // TODO(lead): key_notify's channel()/hash_of() call these after the notify/ merge.
-    #[allow(dead_code)]
     pub(crate) fn hash_of<'a>(&self, channel: &'a str) -> Option<&'a str> {
         channel.strip_prefix(self.prefix.as_str())?.strip_suffix('}')
     }

@@ -9,7 +9,6 @@ mod connection;
 mod driver;
 mod error;
 mod events;
-mod key_notify;
 mod keys;
 mod lease;
 mod mutants;

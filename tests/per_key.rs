@@ -7,25 +7,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{calls, eventually, hash, url};
+use common::{calls, eventually, hash, notifying_driver as driver, url};
 use dokebi_lock_redis::testing::SubscriptionState;
-use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
 use dokebi_lock_redis::{Driver, Lease, LockError};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
-
-/// A driver with `notifications` set and the integer options given.
-fn driver(connection: Raw, namespace: &str, mode: &str, extra: &[(&str, f64)]) -> Driver {
-    let mut fields = vec![
-        ("driver".to_owned(), Raw::String("redis".into())),
-        ("connection".to_owned(), Raw::String("main".into())),
-        ("namespace".to_owned(), Raw::String(namespace.into())),
-        ("notifications".to_owned(), Raw::String(mode.into())),
-    ];
-    fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
-    let backend = parse_backend(&Raw::Object(fields)).unwrap();
-    Driver::new(&parse_connection(&connection).unwrap(), backend).unwrap()
-}
 
 /// `<namespace>:lock-released:{<hash>}`.
 fn channel(namespace: &str, key: &str) -> String {

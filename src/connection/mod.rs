@@ -418,14 +418,6 @@ impl RedisLink {
         self.forget(conn);
     }
 
-    /// Drops the shared connection, whichever it is: the next command opens a new one.
-    pub fn forget_current(&self) {
-        let mut state = self.state();
-        if matches!(&*state, State::Connected(_)) {
-            *state = State::Idle;
-        }
-    }
-
     /// Closes the shared connection; commands still in flight keep their own handle.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);

@@ -18,10 +18,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::connection::{RedisLink, ScriptCall};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
-use crate::key_notify::KeySubscriptions;
 use crate::keys::{self, KeyLayout};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
-use crate::notify::{Notifications, Notifier};
+use crate::notify::Notifications;
 use crate::options::{BackendOptions, ConnectionOptions};
 use crate::replicas::Replicas;
 use crate::scripts::{self, ReleaseChannels, ReleaseReply};
@@ -88,19 +87,15 @@ impl Driver {
         let release_channels =
             ReleaseChannels::new(&options.namespace, options.notifications, connection.cluster);
         let notify = if options.notifications.per_key() {
-            Notifications::PerKey(Arc::new(KeySubscriptions::new(
+            Notifications::per_key(
                 id,
                 &options.namespace,
                 crate::switches::notifications_enabled(),
                 connection.cluster,
-            )))
+            )
         } else {
             let channel = keys::released_channel(&options.namespace);
-            Notifications::Namespace(Arc::new(Notifier::new(
-                id,
-                channel,
-                crate::switches::notifications_enabled(),
-            )))
+            Notifications::namespace(id, channel, crate::switches::notifications_enabled())
         };
         Ok(Self {
             inner: Arc::new(Inner {

@@ -11,11 +11,26 @@ use crate::support::RedisServer;
 /// A driver for `connection` (a URL string or an object, as JS would pass it) with the
 /// namespace and extra integer options given.
 pub(crate) fn driver(connection: Raw, namespace: &str, extra: &[(&str, f64)]) -> Driver {
+    build(connection, namespace, None, extra)
+}
+
+/// [`driver`] with `notifications` set to `mode`.
+pub(crate) fn notifying_driver(
+    connection: Raw,
+    namespace: &str,
+    mode: &str,
+    extra: &[(&str, f64)],
+) -> Driver {
+    build(connection, namespace, Some(mode), extra)
+}
+
+fn build(connection: Raw, namespace: &str, mode: Option<&str>, extra: &[(&str, f64)]) -> Driver {
     let mut fields = vec![
         ("driver".to_owned(), Raw::String("redis".into())),
         ("connection".to_owned(), Raw::String("main".into())),
         ("namespace".to_owned(), Raw::String(namespace.into())),
     ];
+    fields.extend(mode.map(|m| ("notifications".to_owned(), Raw::String(m.into()))));
     fields.extend(extra.iter().map(|(k, v)| (k.to_string(), Raw::Number(*v))));
     let backend = parse_backend(&Raw::Object(fields)).unwrap();
     Driver::new(&parse_connection(&connection).unwrap(), backend).unwrap()

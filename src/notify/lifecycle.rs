@@ -1,0 +1,379 @@
+//! The one task that owns a backend's subscription connection, for every mode: it opens the
+//! connection when a waiter first needs it, subscribes the channels registered, delivers
+//! notifications, lets channels go a grace period after their last waiter, and closes the
+//! connection when none is left. Failures, changes of primary, a refused SUBSCRIBE and
+//! shutdown are handled here once (decisions 0007, 0046, 0061, 0063, 0064, 0110).
+//!
+//! Every await watches for shutdown: `shutdown()` waits for this task.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::modes::{lost, Carrier, Event, Subscribed};
+use super::RESUBSCRIBE_AFTER_FAILURE;
+use super::{primary_switched, sleep_until_opt, Shared, SubscriptionState};
+use crate::backoff::Backoff;
+use crate::connection::{RedisLink, SubscribeFailure};
+use crate::error::RedisFailure;
+use crate::events;
+use crate::waiters::Lines;
+
+/// How long the first new key waits for others before their SUBSCRIBE is sent (decision
+/// 0061): about one timer tick. Notifications are delivered meanwhile.
+const BATCH_WINDOW: Duration = Duration::from_millis(2);
+
+/// The most channels in one SUBSCRIBE; more go in the next, at once.
+const MAX_BATCH: usize = 1024;
+
+/// The first and the longest pause before SSUBSCRIBEs that failed are sent again.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Events handled in one turn of the loop at most, before timers are looked at again.
+const DRAIN: usize = 64;
+
+/// Why [`serve`] stopped.
+enum Ended {
+    Stopped,
+    /// No channel is left; the state is Off.
+    Idle,
+    /// Sentinel moved the primary: releases are published there now.
+    Switched,
+    /// SSUBSCRIBE is refused as a command: classic pub/sub instead (decision 0064).
+    Unsharded,
+    Unsupported,
+    Lost(RedisFailure),
+}
+
+type Switches = Option<watch::Receiver<u64>>;
+
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    link: Arc<RedisLink>,
+    lines: Arc<Lines>,
+    stopping: CancellationToken,
+) {
+    // Taken before the first subscribe, so a change of primary while it fails is seen.
+    let mut switches = link.primary_switches();
+    loop {
+        let opened = tokio::select! {
+            _ = stopping.cancelled() => break,
+            opened = Carrier::open(&link, shared.is_sharded()) => opened,
+        };
+        let failure = match opened {
+            Ok(carrier) => {
+                {
+                    let mut state = shared.lock();
+                    state.conn = SubscriptionState::Live;
+                    state.channels.resend_all();
+                }
+                match serve(&shared, carrier, &link, &lines, &stopping, &mut switches).await {
+                    Ended::Stopped => break,
+                    Ended::Idle => return,
+                    Ended::Switched => {
+                        restart(&shared);
+                        continue;
+                    }
+                    Ended::Unsharded => {
+                        // Said once; the keys go out again on a classic connection.
+                        shared.unsharded.store(true, std::sync::atomic::Ordering::Release);
+                        events::notify_unsharded(shared.driver_id);
+                        restart(&shared);
+                        continue;
+                    }
+                    Ended::Unsupported => return unsupported(&shared, &lines),
+                    Ended::Lost(failure) => failure,
+                }
+            }
+            Err(SubscribeFailure::Unsupported(_)) => return unsupported(&shared, &lines),
+            Err(SubscribeFailure::Failed(failure) | SubscribeFailure::NoPrimary(failure)) => {
+                failure
+            }
+        };
+        let at = failed(&shared, failure);
+        if !resubscribe_at_switch(&shared, at, &lines, &stopping, &mut switches).await {
+            return;
+        }
+    }
+    // Dropping the connection closed it.
+    let mut state = shared.lock();
+    state.conn = SubscriptionState::Off;
+    state.channels.clear();
+}
+
+/// Subscribes the channels registered, in batches; delivers notifications; lets go of the
+/// channels no longer used; until shutdown, no channel is left, a change of primary, or the
+/// loss of the connection.
+async fn serve(
+    shared: &Shared,
+    mut carrier: Carrier,
+    link: &RedisLink,
+    lines: &Lines,
+    stopping: &CancellationToken,
+    switches: &mut Switches,
+) -> Ended {
+    // Channels registered before the connection was open go out with those registered
+    // within the batch window.
+    let mut send_at = Some(Instant::now() + BATCH_WINDOW);
+    let mut retry = Retry::default();
+    loop {
+        let due = shared.lock().channels.next_due();
+        let send = send_at.into_iter().chain(retry.at).min();
+        tokio::select! {
+            _ = stopping.cancelled() => return Ended::Stopped,
+            _ = primary_switched(switches) => return Ended::Switched,
+            event = carrier.next() => {
+                if let Some(ended) = handle(shared, event, lines, &mut send_at) {
+                    return ended;
+                }
+                // A burst of messages is delivered without a look at the timers for each.
+                for _ in 1..DRAIN {
+                    let Some(event) = carrier.next().now_or_never() else { break };
+                    if let Some(ended) = handle(shared, event, lines, &mut send_at) {
+                        return ended;
+                    }
+                }
+            }
+            _ = shared.kick.notified() => {
+                // Lets the waiters whose busy replies arrived with this one register too, so
+                // a burst of new keys goes out in one SUBSCRIBE. Their waiters lose nothing:
+                // until it is confirmed they poll, then check once more.
+                send_at.get_or_insert_with(|| Instant::now() + BATCH_WINDOW);
+            }
+            _ = sleep_until_opt(send) => {
+                send_at = None;
+                retry.at = None;
+                let sent = tokio::select! {
+                    _ = stopping.cancelled() => return Ended::Stopped,
+                    sent = send_batch(shared, &mut carrier, link, lines, &mut retry) => sent,
+                };
+                match sent {
+                    Err(ended) => return ended,
+                    Ok(more) if more => send_at = Some(Instant::now()),
+                    Ok(_) => {}
+                }
+            }
+            _ = sleep_until_opt(due) => {
+                let idle = {
+                    let mut state = shared.lock();
+                    let idle =
+                        state.channels.sweep(Instant::now(), |key| shared.mode.usage(lines, key));
+                    // Decided under the state lock: a waiter registers its key under it
+                    // before it sleeps, so either it is seen here and the connection stays,
+                    // or it finds the connection Off and starts a new one.
+                    if state.channels.is_empty() {
+                        state.conn = SubscriptionState::Off;
+                        return Ended::Idle; // dropping the connection closes it
+                    }
+                    idle
+                };
+                if !idle.is_empty() {
+                    let channels: Vec<String> = idle.iter().map(|k| shared.mode.channel(k)).collect();
+                    tokio::select! {
+                        _ = stopping.cancelled() => return Ended::Stopped,
+                        _ = carrier.unsubscribe(&channels, link) => {}
+                    }
+                }
+            }
+            _ = lines.changed(), if shared.mode.follows_idle() => {
+                let mut state = shared.lock();
+                if let Some(key) = shared.mode.namespace_key() {
+                    state.channels.look_again(key, Instant::now());
+                }
+            }
+        }
+    }
+}
+
+/// One event of the connection.
+fn handle(
+    shared: &Shared,
+    event: Event,
+    lines: &Lines,
+    send_at: &mut Option<Instant>,
+) -> Option<Ended> {
+    match event {
+        Event::Message(message) => {
+            shared.received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(hash) = message.hash() {
+                lines.wake(hash);
+            }
+        }
+        // Ours a grace period after the last waiter (the key is forgotten then), or the
+        // server's at a slot move: a key still held is subscribed again, at the new owner.
+        Event::Unsubscribed(channel) => {
+            if let Some(key) = shared.mode.key_of_channel(&channel) {
+                shared.lock().channels.resend(key);
+                send_at.get_or_insert_with(|| Instant::now() + BATCH_WINDOW);
+            }
+        }
+        // Which keys were on the node is not said: every key is subscribed again
+        // (subscribing twice is harmless).
+        Event::NodeLost => {
+            shared.lock().channels.resend_all();
+            send_at.get_or_insert_with(|| Instant::now() + BATCH_WINDOW);
+        }
+        Event::Closed => return Some(Ended::Lost(lost())),
+    }
+    None
+}
+
+/// Failed SSUBSCRIBEs are sent again, backing off, while their keys still have waiters.
+struct Retry {
+    at: Option<Instant>,
+    pause: Backoff,
+    /// The failure of this run was said.
+    said: bool,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self { at: None, pause: Backoff::new(RETRY_FIRST, RETRY_MAX), said: false }
+    }
+}
+
+/// Sends one batch of the channels registered and not yet sent, and has the first waiter
+/// of each line they serve check once more when it is confirmed. True when more wait.
+async fn send_batch(
+    shared: &Shared,
+    carrier: &mut Carrier,
+    link: &RedisLink,
+    lines: &Lines,
+    retry: &mut Retry,
+) -> Result<bool, Ended> {
+    let batch = {
+        let mut state = shared.lock();
+        let batch = state.channels.take_batch(MAX_BATCH, |key| shared.mode.in_use(lines, key));
+        if state.channels.is_empty() {
+            state.conn = SubscriptionState::Off;
+            return Err(Ended::Idle);
+        }
+        batch
+    };
+    if batch.is_empty() {
+        return Ok(false);
+    }
+    let channels: Vec<String> = batch.iter().map(|k| shared.mode.channel(k)).collect();
+    let (failure, failed) = match carrier.subscribe(&channels, link).await {
+        Subscribed::All => (None, Vec::new()),
+        Subscribed::Refused if carrier.is_sharded() => return Err(Ended::Unsharded),
+        Subscribed::Refused => return Err(Ended::Unsupported),
+        Subscribed::Failed { failure, ends_connection: true, .. } => {
+            return Err(Ended::Lost(failure))
+        }
+        Subscribed::Failed { failure, failed, .. } => (Some(failure), failed),
+    };
+    let now = Instant::now();
+    let (confirmed, more) = {
+        let mut state = shared.lock();
+        let mut failed = failed.into_iter().peekable();
+        let mut confirmed = Vec::with_capacity(batch.len());
+        for (i, key) in batch.into_iter().enumerate() {
+            if failed.next_if_eq(&i).is_some() {
+                state.channels.resend(&key);
+            } else if state.channels.confirmed(&key, now) {
+                confirmed.push(key);
+            }
+        }
+        (confirmed, state.channels.has_pending())
+    };
+    if !confirmed.is_empty() {
+        shared.subscriptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.mode.confirmed(&confirmed, lines);
+    }
+    let Some(failure) = failure else {
+        *retry = Retry::default();
+        return Ok(more);
+    };
+    if !retry.said {
+        retry.said = true;
+        events::notify_failed(shared.driver_id, &failure);
+    }
+    // Their waiters are not woken: the node that failed the SSUBSCRIBE is likely the one
+    // their attempt would go to. Their next sleep is pollIntervalMs (not live).
+    retry.at = Some(now + retry.pause.next());
+    // What is still pending goes out with the retry.
+    Ok(false)
+}
+
+/// A change of primary or of pub/sub kind: every channel is subscribed again on the next
+/// connection, and none is live meanwhile.
+fn restart(shared: &Shared) {
+    let mut state = shared.lock();
+    state.conn = SubscriptionState::Starting;
+    state.channels.resend_all();
+}
+
+/// The server refuses SUBSCRIBE itself: poll for good, said once.
+fn unsupported(shared: &Shared, lines: &Lines) {
+    let mut state = shared.lock();
+    state.channels.clear();
+    // Waiters asleep for notifyPollIntervalMs must move to the faster pollIntervalMs.
+    lines.wake_all();
+    if state.conn != SubscriptionState::Unsupported {
+        events::notify_unsupported(shared.driver_id);
+    }
+    state.conn = SubscriptionState::Unsupported;
+}
+
+/// The subscription failed or was lost, or its connection was refused (maxclients, AUTH):
+/// waiters poll, and subscribe again when they come back after 5 s (their channels are kept
+/// and go out again then, if still used). Command connections are left alone: a closed
+/// command connection learns it by itself (RESP3 push, decision 0013), and a subscription's
+/// failure says nothing about a healthy one (decision 0111).
+fn failed(shared: &Shared, failure: RedisFailure) -> Instant {
+    let mut state = shared.lock();
+    state.channels.resend_all();
+    events::notify_failed(shared.driver_id, &failure);
+    let at = Instant::now();
+    state.conn = SubscriptionState::Failed(at);
+    at
+}
+
+/// After a failure at `at`: waiters are woken to poll at pollIntervalMs, a moment later so
+/// that a command connection closed by the same cause has learnt it first (decision 0111).
+/// Then, with Sentinel, the likeliest cause is a primary that went away, and Sentinel soon
+/// names a new one: subscribing there as soon as it does, rather than 5 s after the
+/// failure, keeps waiters from polling through the whole failover (decision 0046). True to
+/// subscribe again now; false when the 5 s rule applies (no Sentinel, no switch in time,
+/// shutdown, or `ensure()` already started another subscription).
+async fn resubscribe_at_switch(
+    shared: &Shared,
+    at: Instant,
+    lines: &Lines,
+    stopping: &CancellationToken,
+    switches: &mut Switches,
+) -> bool {
+    tokio::select! {
+        _ = stopping.cancelled() => return false,
+        _ = tokio::time::sleep(WAKE_AFTER_FAILURE) => lines.wake_all(),
+    }
+    if switches.is_none() {
+        return false;
+    }
+    let switched = tokio::select! {
+        _ = stopping.cancelled() => false,
+        _ = primary_switched(switches) => true,
+        _ = tokio::time::sleep_until((at + RESUBSCRIBE_AFTER_FAILURE).into()) => false,
+    };
+    let mut state = shared.lock();
+    if !switched || state.conn != SubscriptionState::Failed(at) {
+        return false;
+    }
+    if lines.idle_since().is_some() {
+        // Nobody waits: the next waiter subscribes at once, on the new primary.
+        state.conn = SubscriptionState::Off;
+        return false;
+    }
+    state.conn = SubscriptionState::Starting;
+    true
+}
+
+/// How long after a failure the waiters are woken (decision 0111): a command connection
+/// closed by the same cause sees its own end within this (its reader wakes on the same
+/// event), so their next attempt does not race it.
+const WAKE_AFTER_FAILURE: Duration = Duration::from_millis(50);
