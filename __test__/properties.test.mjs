@@ -25,6 +25,7 @@ const DEFAULTS = {
   maxWaiters: 128, maxTrackedLeases: 10000, shutdownTimeoutMs: 5000, maxKeyBytes: 1024,
   minReplicas: 0, replicaTimeoutMs: 500,
 };
+const DEFAULT_COMMAND_TIMEOUT_MS = 2000;
 const KNOWN = new Set(['driver', 'connection', 'namespace', ...Object.keys(INT_FIELDS)]);
 /** The seed is printed by fast-check on failure; FC_SEED reruns one, FC_RUNS_FACTOR=20 digs deeper. */
 const fcParams = (numRuns) => ({
@@ -206,7 +207,12 @@ describe('backend options', () => {
         return;
       }
       assert.equal(parseErr, undefined, `valid options rejected: ${parseErr?.message}`);
-      assert.equal(createErr, undefined, `valid options rejected by create: ${createErr?.message}`);
+      // The one rule across both arguments (decision 0130): with minReplicas, a WAIT must be
+      // shorter than the connection's commandTimeoutMs (here the default, 2000 ms).
+      const waitTooLong = (input.minReplicas ?? 0) > 0
+        && (input.replicaTimeoutMs ?? DEFAULTS.replicaTimeoutMs) >= DEFAULT_COMMAND_TIMEOUT_MS;
+      if (waitTooLong) assertLockError(createErr, 'INVALID_OPTIONS', 'create');
+      else assert.equal(createErr, undefined, `valid options rejected by create: ${createErr?.message}`);
       for (const name of Object.keys(INT_FIELDS)) {
         const want = input[name] ?? DEFAULTS[name];
         assert.ok(parsed[name] === want, `${name}: ${parsed[name]} instead of ${want}`); // -0 counts as 0
@@ -330,7 +336,7 @@ describe('connections', () => {
         && okField(conn.name, (v) => v === 'main')
         && okField(conn.connectTimeoutMs, (v) => validInt(v, 1))
         && okField(conn.commandTimeoutMs, (v) => validInt(v, 1))
-        && okField(conn.cluster, (v) => typeof v === 'boolean' && !(v && /^[a-z+]*unix:/i.test(conn.url)))
+        && okField(conn.cluster, (v) => typeof v === 'boolean' && !(v && typeof conn.url === 'string' && /^[a-z+]*unix:/i.test(conn.url)))
         && okField(conn.tls, (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
           && Object.keys(v).every((k) => ['ca', 'cert', 'key'].includes(k))
           && ['ca', 'cert', 'key'].every((k) => v[k] === undefined || (typeof v[k] === 'string' && v[k].includes('-----BEGIN ')))
