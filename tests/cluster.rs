@@ -318,46 +318,6 @@ async fn per_key_waiters_subscribe_sharded_at_the_slot_owner_and_follow_a_slot_m
     holder.shutdown().await.unwrap();
 }
 
-/// The `driver` and `code` fields of every log event, in order (a process-wide subscriber:
-/// the driver's tasks run on the runtime's threads, and other tests' drivers log too).
-fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> {
-    use tracing_subscriber::layer::SubscriberExt;
-    static CODES: std::sync::OnceLock<std::sync::Mutex<Vec<(u64, String)>>> =
-        std::sync::OnceLock::new();
-    struct Codes;
-    struct Code(u64, Option<String>);
-    impl tracing::field::Visit for Code {
-        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-            if field.name() == "code" {
-                self.1 = Some(value.to_owned());
-            }
-        }
-        fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-            if field.name() == "driver" {
-                self.0 = value;
-            }
-        }
-        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Codes {
-        fn on_event(
-            &self,
-            event: &tracing::Event<'_>,
-            _: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            let mut code = Code(0, None);
-            event.record(&mut code);
-            if let Some(name) = code.1 {
-                CODES.get().unwrap().lock().unwrap().push((code.0, name));
-            }
-        }
-    }
-    CODES.get_or_init(|| {
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Codes));
-        std::sync::Mutex::new(Vec::new())
-    })
-}
-
 /// A Cluster without sharded pub/sub (SSUBSCRIBE and SPUBLISH unknown, as before Redis 7.0):
 /// per-key notifications say so once and use classic SUBSCRIBE/PUBLISH on the key's channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,7 +325,7 @@ async fn without_sharded_pubsub_per_key_notifications_say_so_once_and_fall_back_
     if support::external() {
         return;
     }
-    let codes = recorded_codes();
+    let codes = common::recorded_codes();
     let cluster = tokio::task::spawn_blocking(|| {
         Cluster::start_with_args(&[
             "--rename-command",

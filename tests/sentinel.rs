@@ -820,50 +820,6 @@ async fn a_sentinel_user_without_the_failover_state_channels_still_follows_the_s
     assert!(!sentinel_log.contains("get-master-addr"), "{sentinel_log}");
 }
 
-/// The `driver` and `code` fields of every log event, in order (a process-wide subscriber:
-/// the driver's tasks run on the runtime's threads, and other tests' drivers log too). As in
-/// `tests/cluster.rs`.
-fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> {
-    use tracing_subscriber::layer::SubscriberExt;
-    static CODES: std::sync::OnceLock<std::sync::Mutex<Vec<(u64, String)>>> =
-        std::sync::OnceLock::new();
-    struct Codes;
-    struct Code(u64, Option<String>);
-    impl tracing::field::Visit for Code {
-        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-            if field.name() == "code" {
-                self.1 = Some(value.to_owned());
-            }
-        }
-        fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-            if field.name() == "driver" {
-                self.0 = value;
-            }
-        }
-        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Codes {
-        fn on_event(
-            &self,
-            event: &tracing::Event<'_>,
-            _: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            if event.metadata().target() != dokebi_lock_redis::testing::EVENT_TARGET {
-                return;
-            }
-            let mut code = Code(0, None);
-            event.record(&mut code);
-            if let Some(name) = code.1 {
-                CODES.get().unwrap().lock().unwrap().push((code.0, name));
-            }
-        }
-    }
-    CODES.get_or_init(|| {
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Codes));
-        std::sync::Mutex::new(Vec::new())
-    })
-}
-
 /// How many commands `server` refused by ACL (`ACL LOG` folds repeats into one entry's
 /// `count`).
 fn denials(server: &Sentinel) -> u64 {
@@ -878,7 +834,7 @@ fn denials(server: &Sentinel) -> u64 {
 
 /// How many times the driver `id` logged `code`.
 fn logged(id: u64, code: &str) -> usize {
-    recorded_codes().lock().unwrap().iter().filter(|(d, c)| *d == id && c == code).count()
+    common::recorded_codes().lock().unwrap().iter().filter(|(d, c)| *d == id && c == code).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -886,7 +842,7 @@ async fn a_refused_failover_state_subscription_is_logged_once_to_each_driver_tha
     if support::external() {
         return; // needs throwaway servers
     }
-    recorded_codes();
+    common::recorded_codes();
     const CODE: &str = "LOCK_FAILOVER_HOLD_UNAVAILABLE";
     let primary = RedisServer::start_primary();
     let sentinel = Sentinel::start(MASTER, &primary, &[OLDER_SENTINEL_RULE]);

@@ -106,3 +106,46 @@ pub(crate) const LEAST_PRIVILEGE_RULE: &[&str] = &[
     "+info",
     "+ping",
 ];
+
+/// The `driver` and `code` fields of every log event, in order (a process-wide subscriber:
+/// the driver's tasks run on the runtime's threads, and other tests' drivers log too).
+pub(crate) fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> {
+    use tracing_subscriber::layer::SubscriberExt;
+    static CODES: std::sync::OnceLock<std::sync::Mutex<Vec<(u64, String)>>> =
+        std::sync::OnceLock::new();
+    struct Codes;
+    struct Code(u64, Option<String>);
+    impl tracing::field::Visit for Code {
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            if field.name() == "code" {
+                self.1 = Some(value.to_owned());
+            }
+        }
+        fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+            if field.name() == "driver" {
+                self.0 = value;
+            }
+        }
+        fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Codes {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target() != dokebi_lock_redis::testing::EVENT_TARGET {
+                return;
+            }
+            let mut code = Code(0, None);
+            event.record(&mut code);
+            if let Some(name) = code.1 {
+                CODES.get().unwrap().lock().unwrap().push((code.0, name));
+            }
+        }
+    }
+    CODES.get_or_init(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Codes));
+        std::sync::Mutex::new(Vec::new())
+    })
+}
