@@ -3,7 +3,7 @@
 //
 //   node benchmarks/notify-burst.bench.mjs [--sizes 1000,5000,10000,50000] [--modes namespace,per-key]
 //     [--reps 3] [--bound 60] [--setup-bound 120] [--pubsub-limit '64mb 16mb 60' | --pubsub-limit default]
-//     [--out DIR] [--tag NAME] [--render RESULTS.json]
+//     [--command-timeout-ms MS] [--out DIR] [--tag NAME] [--render RESULTS.json]
 //
 // Each run is one fresh process (benchmarks/notify-burst.worker.mjs) with two backends on one
 // throwaway redis-server (never the machine's Redis): A holds N distinct keys, B waits on all
@@ -16,6 +16,11 @@
 // code (A's releases, B's acquires), and what stats() counted (notifications received,
 // acquire attempts). maxWaiters and maxTrackedLeases are N + 16; everything else is the
 // default (commandTimeoutMs 2000, notifyPollIntervalMs 250).
+//
+// --command-timeout-ms sets the connection's commandTimeoutMs for both backends, in every
+// size and mode alike (recorded in the JSON). It exists because the setup submits N acquires
+// at once and commandTimeoutMs counts from submission: at 50,000 keys the queue alone
+// outlasts 2000 ms in either mode, so the run measures the client's queue, not a hand-over.
 //
 // A run whose hand-over has not ended after --bound seconds is recorded with
 // `timedOut: true` (and what had settled by then) and its process killed; the remaining
@@ -43,7 +48,7 @@ import {
 } from './lib.mjs';
 
 function parseArgs(argv) {
-  const usage = 'node benchmarks/notify-burst.bench.mjs [--sizes 1000,5000,10000,50000] [--modes namespace,per-key] [--reps 3] [--bound 60] [--setup-bound 120] [--pubsub-limit \'64mb 16mb 60\'|default] [--out DIR] [--tag NAME] [--render RESULTS.json]';
+  const usage = 'node benchmarks/notify-burst.bench.mjs [--sizes 1000,5000,10000,50000] [--modes namespace,per-key] [--reps 3] [--bound 60] [--setup-bound 120] [--pubsub-limit \'64mb 16mb 60\'|default] [--command-timeout-ms MS] [--out DIR] [--tag NAME] [--render RESULTS.json]';
   const v = parseOptions(argv, {
     sizes: { type: 'string', default: '1000,5000,10000,50000' },
     modes: { type: 'string', default: 'namespace,per-key' },
@@ -51,6 +56,7 @@ function parseArgs(argv) {
     bound: { type: 'string', default: '60' },
     'setup-bound': { type: 'string', default: '120' },
     'pubsub-limit': { type: 'string', default: '64mb 16mb 60' },
+    'command-timeout-ms': { type: 'string' },
     out: { type: 'string' },
     tag: { type: 'string' },
     render: { type: 'string' },
@@ -64,6 +70,7 @@ function parseArgs(argv) {
     boundMs: Number(v.bound) * 1000,
     setupBoundMs: Number(v['setup-bound']) * 1000,
     pubsubLimit: v['pubsub-limit'],
+    commandTimeoutMs: v['command-timeout-ms'] === undefined ? null : Number(v['command-timeout-ms']),
     out: v.out === undefined ? path.join(here, 'results') : path.resolve(v.out),
     tag: v.tag,
     render: v.render === undefined ? null : path.resolve(v.render),
@@ -73,6 +80,7 @@ function parseArgs(argv) {
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
   if (!(opts.boundMs > 0)) throw new Error('--bound must be > 0 (seconds)');
   if (!(opts.setupBoundMs > 0)) throw new Error('--setup-bound must be > 0 (seconds)');
+  if (opts.commandTimeoutMs !== null && !(Number.isInteger(opts.commandTimeoutMs) && opts.commandTimeoutMs > 0)) throw new Error('--command-timeout-ms must be a positive integer');
   if (opts.pubsubLimit !== 'default' && !/^\S+ \S+ \d+$/.test(opts.pubsubLimit)) throw new Error('--pubsub-limit: \'<hard> <soft> <seconds>\' or default');
   return opts;
 }
@@ -111,7 +119,7 @@ async function runOne(server, mode, size, rep, opts) {
     const waiting = nextMessage(child, 'waiting', opts.setupBoundMs + 30_000);
     child.send({
       url: server.url, redisPid: server.pid, packageDir, namespace: `burst${rep}`, size,
-      notifications: mode === 'namespace' ? undefined : mode, leaseMs: 600_000,
+      notifications: mode === 'namespace' ? undefined : mode, leaseMs: 600_000, commandTimeoutMs: opts.commandTimeoutMs,
       // Longer than the bound: a hand-over that takes too long is cut by the bound, not by
       // WAIT_TIMEOUT.
       waitTimeoutMs: opts.boundMs + opts.setupBoundMs + 60_000,
@@ -215,7 +223,7 @@ function markdown(out, opts) {
   const disconnections = rows.flatMap((r) => r.reps.map((x) => x.outputBufferDisconnections)).filter((x) => x !== null && x !== undefined);
   return [
     `# Release burst, ${out.date}`, '',
-    `\`${command}\` — one process, two backends on one throwaway redis-server: A holds N distinct keys, B waits on all N at once, A releases them all at once; ${opts.reps} reps (sizes and modes interleaved), medians of the runs that ended, each run bounded at ${opts.boundMs / 1000} s.`,
+    `\`${command}\` — one process, two backends on one throwaway redis-server: A holds N distinct keys, B waits on all N at once, A releases them all at once; ${opts.reps} reps (sizes and modes interleaved), medians of the runs that ended, each run bounded at ${opts.boundMs / 1000} s; commandTimeoutMs ${opts.commandTimeoutMs ?? 'default (2000)'} for both backends in every size and mode.`,
     `Machine: ${machine.cpu} × ${machine.cores} (shared), load average before ${machine.loadAverageBefore.join(' ')}, after ${machine.loadAverageAfter.join(' ')}; Node ${out.node}; redis-server ${redis?.version} (\`${redis?.args.join(' ')}\`; \`client-output-buffer-limit\` ${redis?.clientOutputBufferLimit}); addon ${addon.build} ${addon.sha256}, git ${git.head?.slice(0, 7)}${git.dirty?.length ? ' + uncommitted changes' : ''}.`,
     '', ...table(rows, opts), '',
     'Hand-over: from the first of A\'s release() calls until the last of B\'s acquires settled (resolved or rejected: read it with the holds and errors beside it). CPU: process.cpuUsage() over that span, JS thread by process.threadCpuUsage(), other threads = the difference (the addon\'s tokio runtime, mostly).',
@@ -230,7 +238,7 @@ async function main() {
     // Only the .md again, from a results JSON (after a change of this script's tables).
     const out = JSON.parse(readFileSync(opts.render, 'utf8'));
     const s = out.setup;
-    const md = markdown(out, { reps: s.reps, boundMs: s.boundMs });
+    const md = markdown(out, { reps: s.reps, boundMs: s.boundMs, commandTimeoutMs: typeof s.commandTimeoutMs === 'number' ? s.commandTimeoutMs : null });
     writeFileSync(opts.render.replace(/\.json$/, '.md'), md);
     console.log(md);
     return;
@@ -283,7 +291,8 @@ async function main() {
     packages: { '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version },
     setup: {
       sizes: opts.sizes, modes: opts.modes, reps: opts.reps, boundMs: opts.boundMs, setupBoundMs: opts.setupBoundMs,
-      driverOptions: 'leaseMs 600000, maxWaiters and maxTrackedLeases N + 16, other options default; B waitTimeoutMs = bound + setup bound + 60 s',
+      commandTimeoutMs: opts.commandTimeoutMs ?? 'default (2000)',
+      driverOptions: `leaseMs 600000, maxWaiters and maxTrackedLeases N + 16, commandTimeoutMs ${opts.commandTimeoutMs ?? 'default (2000)'} (both backends, every size and mode), other options default; B waitTimeoutMs = bound + setup bound + 60 s`,
       definitions: {
         handOverMs: 'from the first of A\'s N release() calls to the moment the last of B\'s N acquires settled (resolved or rejected)',
         cpuS: 'process.cpuUsage() (user + system, every thread) over the hand-over',

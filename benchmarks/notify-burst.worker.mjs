@@ -65,8 +65,10 @@ async function main(init) {
     maxWaiters: n + 16, maxTrackedLeases: n + 16,
   };
   if (init.notifications) options.notifications = init.notifications;
-  const a = createRedisLockDriver(init.url, options);
-  const b = createRedisLockDriver(init.url, options);
+  // The same connection settings for both backends (the parent's --command-timeout-ms).
+  const connection = init.commandTimeoutMs ? { url: init.url, commandTimeoutMs: init.commandTimeoutMs } : init.url;
+  const a = createRedisLockDriver(connection, options);
+  const b = createRedisLockDriver(connection, options);
   const keys = Array.from({ length: n }, (_, i) => `burst:${i}`);
 
   // Setup: A holds every key (a few hundred acquires in flight: setup is not measured).
