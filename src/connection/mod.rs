@@ -409,6 +409,37 @@ impl RedisLink {
         }
     }
 
+    /// Asks the shared connection whether it still answers, after something that may have
+    /// closed it too (a subscription lost to an I/O error): a TIME, which changes nothing
+    /// and README's least-privilege user may run. No answer within commandTimeoutMs, or the
+    /// connection gone: only that connection is forgotten, so the waiters woken next open
+    /// a new one instead of sending their attempt on a dead one, where its outcome would be
+    /// unknown. Any reply, an error reply included, means it works: it is left alone
+    /// (decision 0111). A Cluster connection is never probed (a PING there goes to any
+    /// node); false then, and for no connection at all.
+    pub(crate) async fn probe(&self) -> bool {
+        let conn = match &*self.state() {
+            State::Connected(conn) if matches!(conn.inner, Handle::Single(_)) => conn.clone(),
+            _ => return false,
+        };
+        if conn.is_closed() {
+            self.forget(&conn);
+            return true;
+        }
+        let mut handle = conn.inner.clone();
+        let time = redis::cmd("TIME");
+        let answered = match tokio::time::timeout(self.command_timeout, handle.send(&time)).await {
+            Ok(Ok(_)) => true,
+            // A server's error reply (NOPERM, LOADING, …) still came over this connection.
+            Ok(Err(e)) => e.code().is_some(),
+            Err(_) => false,
+        };
+        if !answered {
+            self.forget(&conn);
+        }
+        true
+    }
+
     /// Gives up on `conn` for good (a command on it stalled past our own limit): the next
     /// command opens a new connection, and nothing more is sent on this one by anyone still
     /// holding it (it would only queue behind the stalled command); that is reported as

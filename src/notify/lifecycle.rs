@@ -95,7 +95,7 @@ pub(super) async fn run(
             }
         };
         let at = failed(&shared, failure);
-        if !resubscribe_at_switch(&shared, at, &lines, &stopping, &mut switches).await {
+        if !resubscribe_at_switch(&shared, &link, at, &lines, &stopping, &mut switches).await {
             return;
         }
     }
@@ -334,8 +334,8 @@ fn failed(shared: &Shared, failure: RedisFailure) -> Instant {
     at
 }
 
-/// After a failure at `at`: waiters are woken to poll at pollIntervalMs, a moment later so
-/// that a command connection closed by the same cause has learnt it first (decision 0111).
+/// After a failure at `at`: waiters are woken to poll at pollIntervalMs, once the command
+/// connection has been asked whether it survived the same cause (decision 0111).
 /// Then, with Sentinel, the likeliest cause is a primary that went away, and Sentinel soon
 /// names a new one: subscribing there as soon as it does, rather than 5 s after the
 /// failure, keeps waiters from polling through the whole failover (decision 0046). True to
@@ -343,14 +343,22 @@ fn failed(shared: &Shared, failure: RedisFailure) -> Instant {
 /// shutdown, or `ensure()` already started another subscription).
 async fn resubscribe_at_switch(
     shared: &Shared,
+    link: &RedisLink,
     at: Instant,
     lines: &Lines,
     stopping: &CancellationToken,
     switches: &mut Switches,
 ) -> bool {
+    // The command connection is asked first (a Cluster's: given a moment), so that their
+    // next attempt does not race a command connection closed by the same cause.
+    let checked = async {
+        if !link.probe().await {
+            tokio::time::sleep(WAKE_AFTER_FAILURE).await;
+        }
+    };
     tokio::select! {
         _ = stopping.cancelled() => return false,
-        _ = tokio::time::sleep(WAKE_AFTER_FAILURE) => lines.wake_all(),
+        _ = checked => lines.wake_all(),
     }
     if switches.is_none() {
         return false;
@@ -373,7 +381,8 @@ async fn resubscribe_at_switch(
     true
 }
 
-/// How long after a failure the waiters are woken (decision 0111): a command connection
-/// closed by the same cause sees its own end within this (its reader wakes on the same
-/// event), so their next attempt does not race it.
+/// How long after a failure the waiters of a Cluster are woken (decision 0111): a command
+/// connection closed by the same cause usually sees its own end within this. A single
+/// node's connection is asked instead ([`RedisLink::probe`]): on a busy machine 50 ms was
+/// not always enough (a waiter's attempt then ended OUTCOME_UNKNOWN, issue 21's soak).
 const WAKE_AFTER_FAILURE: Duration = Duration::from_millis(50);
