@@ -36,6 +36,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import {
   addonInfo, childProcesses, commandVersion, gitInfo, here, machineBusy, machineInfo, median, packageDir, parseInfo,
   parseOptions, pkgVersion, processBusy, root, round, runMain,
+  nextMessage,
 } from './lib.mjs';
 import { fanoutSvg } from './fanout-chart.mjs';
 
@@ -84,19 +85,6 @@ function parseArgs(argv) {
 }
 
 const children = childProcesses();
-
-function nextMessage(child, type, timeoutMs) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
-    const onMessage = (m) => {
-      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); } else if (m?.type === type) { cleanup(); resolve(m); }
-    };
-    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
-    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
-    child.on('message', onMessage);
-    child.on('exit', onExit);
-  });
-}
 
 async function startWorker(init) {
   const env = { ...process.env };

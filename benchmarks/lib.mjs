@@ -299,3 +299,17 @@ export function targetsSection(verdicts) {
 
 /** One verdict as the console shows it: `PASS  target: detail`. */
 export const verdictLine = (v) => `${v.result.padEnd(4)}  ${v.target}: ${v.detail}`;
+
+/** The next IPC message of `type` from a worker process; rejects on an `error` message, its exit, or after `timeoutMs`. */
+export function nextMessage(child, type, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
+    const onMessage = (m) => {
+      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); } else if (m?.type === type) { cleanup(); resolve(m); }
+    };
+    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
+    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
+    child.on('message', onMessage);
+    child.on('exit', onExit);
+  });
+}

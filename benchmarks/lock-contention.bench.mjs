@@ -33,6 +33,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import {
   addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, parseOptions, processBusy, root, round,
   runMain,
+  nextMessage,
 } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
@@ -142,20 +143,6 @@ async function waitForQuiet(ours, share, maxMs) {
 }
 
 const children = childProcesses();
-
-function nextMessage(child, type, timeoutMs) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
-    const onMessage = (m) => {
-      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); }
-      else if (m?.type === type) { cleanup(); resolve(m); }
-    };
-    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
-    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
-    child.on('message', onMessage);
-    child.on('exit', onExit);
-  });
-}
 
 async function runOne(server, cfg, rep, opts, shape) {
   await server.command('FLUSHALL');
