@@ -138,7 +138,26 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
     // Redis 7.0 counts a fresh replica only from its first ack, so the acquire may wait).
     // The waiter has none: after the kill the promoted replica has no replica of its own.
     let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 2_000.0), ("minReplicas", 1.0)]);
-    let waiter = ha_driver(&sentinel, "killed", &[]);
+    // The waiter sleeps on its subscription, so what wakes it after the kill is the loss of
+    // that subscription, once the command connection has been asked (decision 0111). With
+    // its own short safety poll it could send an attempt on the dead connection before the
+    // driver saw the kill: OUTCOME_UNKNOWN, which the contract allows and which ends a wait.
+    let waiter = ha_driver(&sentinel, "killed", &[("notifyPollIntervalMs", 20_000.0)]);
+    // Scripts that ran (a NOSCRIPT counts as a failed call of EVALSHA, then EVAL runs).
+    let script_calls = |server: &RedisServer| {
+        let stats = server.command(&["INFO", "commandstats"]);
+        let field = |command: &str, name: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+                .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(name)))
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        ["evalsha", "eval"]
+            .iter()
+            .map(|c| field(c, "calls=") - field(c, "failed_calls="))
+            .sum::<u64>()
+    };
     let held = acquire(&holder, "k", 5_000).await.unwrap();
 
     let started = Instant::now();
@@ -148,6 +167,14 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
     };
     eventually("the acquire to wait on the old primary", Duration::from_secs(5), || {
         waiter.subscription_state() == SubscriptionState::Live
+    })
+    .await;
+    // The confirmed subscription makes the waiter check once more: that attempt must have
+    // been answered before the kill, or its outcome is unknown (issue 21's soak saw it).
+    // Redis counts a script once it ran, and its reply is then on its way.
+    eventually("the check once more to be answered", Duration::from_secs(5), || {
+        let attempts = holder.stats().redis_attempts + waiter.stats().redis_attempts;
+        waiter.stats().redis_attempts >= 2 && script_calls(&old) >= attempts
     })
     .await;
     old.kill();

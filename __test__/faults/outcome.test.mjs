@@ -400,12 +400,21 @@ describe('connections cut while waiters wait', () => {
     const waiters = [0, 1, 2].map(() => d.acquire('k', { waitTimeoutMs: 4000 }).then(async (lease) => {
       assert.equal(lease.valid, true);
       return lease.release();
-    }));
+    }, (err) => err));
     await eventually('the waiters to subscribe', async () => (await redis.command('PUBSUB', 'NUMSUB', `${ns}:lock-released`))[1] === 1);
     const accepted = proxy.stats().accepted; // the command and the subscribe connection
     proxy.killAll();
     await eventually('the driver to reconnect after the cut', () => proxy.stats().accepted > accepted);
     assert.equal(await held.release(), true);
-    assert.deepEqual(await within(8000, Promise.all(waiters), 'the waiters'), [true, true, true]);
+    const settled = await within(8000, Promise.all(waiters), 'the waiters');
+    // Only the first waiter of the line asks Redis. If its attempt was on the wire when the
+    // connections were cut (the check once more when the subscription was confirmed, or its
+    // safety poll), its outcome is unknown and its wait ends: the contract's OUTCOME_UNKNOWN,
+    // which a busy machine made likely (issue 21's soak). Every other waiter keeps waiting
+    // and gets the lock.
+    const unknown = settled.filter((r) => r instanceof Error);
+    for (const err of unknown) assert.equal(err.code, 'OUTCOME_UNKNOWN', err.message);
+    assert.ok(unknown.length <= 1, `${unknown.length} waiters ended OUTCOME_UNKNOWN; only one asks Redis at a time`);
+    assert.deepEqual(settled.filter((r) => !(r instanceof Error)), Array(3 - unknown.length).fill(true));
   });
 });
