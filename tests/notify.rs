@@ -337,9 +337,11 @@ async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
     let ours = driver(url(redis.url()), "fair", &SLOW_POLLS);
     let theirs = driver(url(redis.url()), "fair", &SLOW_POLLS);
     let mut theirs_first = 0;
+    let mut gave_way = 0;
     let rounds = 13;
     for round in 0..rounds {
         let held = ours.acquire("k", None, CancellationToken::new()).await.unwrap();
+        let head_starts_before = ours.head_starts();
         let mut our_waiter = tokio::spawn({
             let d = ours.clone();
             async move { d.acquire("k", Some(8_000), CancellationToken::new()).await }
@@ -367,16 +369,26 @@ async fn after_its_own_release_a_backend_lets_other_processes_try_first() {
         if round > 0 && theirs_won {
             theirs_first += 1;
         }
+        if round > 0 && ours.head_starts() > head_starts_before {
+            gave_way += 1;
+        }
         let (winner_driver, loser_driver) =
             if theirs_won { (&theirs, &ours) } else { (&ours, &theirs) };
         assert!(winner_driver.release(&winner).await.unwrap());
         let last = loser.await.unwrap().unwrap();
         assert!(loser_driver.release(&last).await.unwrap());
     }
-    // Without the head start both runtimes race from the same notification and the
-    // releasing one, awake already, wins most; with it, the other backend goes first.
+    // The mechanism: after each of its own releases (the first teaches it that another
+    // process listens) our waiter gives the other backend a head start (decisions 0010,
+    // 0070), counted by the driver.
+    // (Runs on a busy machine sometimes counted 11 of 12: a round in which our waiter was
+    // not woken by our own release's notification; not explained yet, see issue 21's note.)
+    assert!(gave_way >= rounds - 3, "our waiter gave way after {gave_way} of our releases");
+    // What it is for: without the head start both runtimes race from the same notification
+    // and the releasing one, awake already, wins most. Who wins is still up to the
+    // scheduler of a shared 2-core machine (9 of 12 was too tight under load, issue 21).
     assert!(
-        theirs_first >= rounds - 4,
+        theirs_first >= (rounds - 1) / 2,
         "the other backend went first in {theirs_first} of {} hand-offs",
         rounds - 1
     );

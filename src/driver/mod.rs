@@ -183,6 +183,12 @@ impl Driver {
         self.inner.lines.steps_given()
     }
 
+    /// Head starts this backend's waiters gave other processes, of either kind: after
+    /// their own backend's release (decision 0010) or staggered (decision 0070).
+    pub fn head_starts(&self) -> u64 {
+        self.inner.lines.head_starts_given()
+    }
+
     /// Changes of primary this backend followed (Sentinel; 0 otherwise).
     pub fn primary_switches(&self) -> u64 {
         self.inner.link.primary_switch_count()

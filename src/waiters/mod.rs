@@ -32,6 +32,8 @@ pub(crate) struct Lines {
     /// Staggered head-start steps given (decision 0070): what fairness cost this backend's
     /// hand-offs, for tests and experiments.
     steps_given: AtomicU64,
+    /// Head starts given, of either kind.
+    head_starts_given: AtomicU64,
 }
 
 impl Default for Lines {
@@ -44,6 +46,7 @@ impl Default for Lines {
             others_listening: AtomicU64::new(0),
             learned: Mutex::default(),
             steps_given: AtomicU64::new(0),
+            head_starts_given: AtomicU64::new(0),
         }
     }
 }
@@ -154,12 +157,20 @@ impl Lines {
         if steps > 0 {
             self.steps_given.fetch_add(steps.into(), Ordering::Relaxed);
         }
+        if head_start.is_some() {
+            self.head_starts_given.fetch_add(1, Ordering::Relaxed);
+        }
         head_start
     }
 
     /// Staggered head-start steps given since the backend started (decision 0070).
     pub(crate) fn steps_given(&self) -> u64 {
         self.steps_given.load(Ordering::Relaxed)
+    }
+
+    /// Head starts given since the backend started, of either kind (decisions 0010, 0070).
+    pub(crate) fn head_starts_given(&self) -> u64 {
+        self.head_starts_given.load(Ordering::Relaxed)
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, (usize, Option<Instant>)> {
