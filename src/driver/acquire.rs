@@ -113,14 +113,7 @@ impl Driver {
         loop {
             if skip_attempt {
                 skip_attempt = false;
-                place.mark_waiting();
-                inner.notify.ensure(
-                    &keys.hash,
-                    &inner.link,
-                    &inner.lines,
-                    &inner.stopping,
-                    &inner.tasks,
-                );
+                self.really_waiting(place, &keys.hash);
                 let delay = self
                     .safety_interval(&keys.hash)
                     .min(deadline.saturating_duration_since(Instant::now()));
@@ -172,14 +165,7 @@ impl Driver {
                 Attempt::Busy(pttl) => {
                     last_failure = None;
                     // Really waiting now: listen for releases instead of polling fast.
-                    place.mark_waiting();
-                    inner.notify.ensure(
-                        &keys.hash,
-                        &inner.link,
-                        &inner.lines,
-                        &inner.stopping,
-                        &inner.tasks,
-                    );
+                    self.really_waiting(place, &keys.hash);
                     match pttl {
                         // Expired or gone in between: try again at once.
                         Some(0) | Some(-2) => Duration::ZERO,
@@ -206,6 +192,14 @@ impl Driver {
             }
             self.pause(place, delay, &cancel).await?;
         }
+    }
+
+    /// This acquire really waits now: it counts as waiting (the subscription stays) and
+    /// listens for releases of its key instead of polling fast.
+    fn really_waiting(&self, place: &Place, hash: &Arc<str>) {
+        let inner = &self.inner;
+        place.mark_waiting();
+        inner.notify.ensure(hash, &inner.link, &inner.lines, &inner.stopping, &inner.tasks);
     }
 
     /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
