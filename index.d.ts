@@ -68,7 +68,7 @@ export interface RedisErrorLike extends Error {
 export type RedisConnectionLike =
   | string
   | {
-      /** `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis-sentinel://` or `rediss-sentinel://`. */
+      /** `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis-sentinel://` or `rediss-sentinel://`; several comma-separated hosts only with `cluster: true` or Sentinel. */
       url: string
       /** The connection's name in options.dokebi-redis.connections; must equal `options.connection` when given. */
       name?: string | undefined
@@ -76,7 +76,7 @@ export type RedisConnectionLike =
       connectTimeoutMs?: number | undefined
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number | undefined
-      /** `url` names one node of a Redis Cluster. Not with a Sentinel URL. */
+      /** `url` names one node of a Redis Cluster, or several seed nodes (`redis://[user:password@]host[:port],host[:port]…`). Not with a Sentinel URL. */
       cluster?: boolean | undefined
       /** The Sentinels' own user (Sentinel URLs only); the URL's credentials are the data nodes'. */
       sentinelUsername?: string | undefined

@@ -166,6 +166,8 @@ const RIDE_OUT_SERVER_CODES: [&str; 9] = [
     "CLUSTERDOWN",
     "NOREPLICAS",
 ];
+/// What a command that reached no Cluster node failed with.
+const NO_CLUSTER_NODE: &str = "no connection to a Cluster node, so nothing was sent";
 /// Refused credentials or permissions: waiting cannot fix them.
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 
@@ -214,6 +216,15 @@ impl RedisFailure {
         }
         if err.is_timeout() {
             return Self::command_timeout();
+        }
+        // A Cluster connection that has no connection to any node, or not to the one a
+        // redirect named, says so before it sends anything (issue 23).
+        if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+            return Self::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                NO_CLUSTER_NODE,
+            );
         }
         // redis-rs cannot tell a command that never left the process from one Redis ran
         // once it was queued on the multiplexed connection (docs/decisions/0003).
@@ -275,6 +286,11 @@ impl RedisFailure {
     /// The command surely had no effect (PROVIDER_FAILED rather than OUTCOME_UNKNOWN).
     pub fn surely_not_applied(&self) -> bool {
         matches!(self.outcome, Outcome::NotSubmitted | Outcome::Rejected)
+    }
+
+    /// A Cluster connection reached no node, so sent nothing (see [`Self::command`]).
+    pub(crate) fn reached_no_node(&self) -> bool {
+        self.outcome == Outcome::NotSubmitted && self.message == NO_CLUSTER_NODE
     }
 
     /// The server does not have the script (NOSCRIPT): EVAL it once.

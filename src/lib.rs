@@ -16,6 +16,7 @@ mod notify;
 mod options;
 mod replicas;
 mod scripts;
+mod seeds;
 mod sentinel;
 mod stats;
 mod switches;

@@ -257,8 +257,10 @@ pub struct ConnectionOptions {
     pub(crate) command_timeout_ms: u32,
     /// PEM material for `rediss://` with a private CA or client certificates.
     pub(crate) tls: Option<TlsOptions>,
-    /// `url` names one node of a Redis Cluster.
+    /// `url` names one node of a Redis Cluster, or several (`seeds`).
     pub(crate) cluster: bool,
+    /// With `cluster`: the URL of each node `url` lists (they hold the password).
+    pub(crate) seeds: Vec<String>,
     /// `url` is a `redis-sentinel://` or `rediss-sentinel://` URL (parsed).
     pub(crate) sentinel: Option<SentinelUrl>,
     /// Credentials for the Sentinels themselves; the password is never printed.
@@ -283,6 +285,7 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("command_timeout_ms", &self.command_timeout_ms)
             .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
             .field("cluster", &self.cluster)
+            .field("seeds", &self.seeds.len())
             .field("sentinel", &self.sentinel)
             .field("sentinel_username", &self.sentinel_username)
             .field("sentinel_password", &self.sentinel_password.as_ref().map(|_| "<redacted>"))
@@ -393,7 +396,13 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
         if sentinel_username.is_some() || sentinel_password.is_some() {
             return Err(invalid("connection.sentinelUsername and connection.sentinelPassword need a redis-sentinel:// or rediss-sentinel:// url".to_owned()));
         }
-        if redis::IntoConnectionInfo::into_connection_info(url).is_err() {
+        if crate::seeds::lists_several(url) && !cluster {
+            return Err(invalid(
+                "connection.url lists several nodes, which needs connection.cluster: true"
+                    .to_owned(),
+            ));
+        }
+        if !cluster && redis::IntoConnectionInfo::into_connection_info(url).is_err() {
             return Err(invalid("connection.url is not a valid Redis URL".to_owned()));
         }
         None
@@ -401,6 +410,11 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     if cluster && scheme.as_deref().is_some_and(|s| s.ends_with("unix")) {
         return Err(invalid("connection.cluster needs a redis:// or rediss:// url".to_owned()));
     }
+    let seeds = if cluster {
+        crate::seeds::split(url).map_err(|rule| invalid(rule.to_owned()))?
+    } else {
+        Vec::new()
+    };
     Ok(ConnectionOptions {
         url: url.to_owned(),
         name,
@@ -408,6 +422,7 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
         command_timeout_ms,
         tls,
         cluster,
+        seeds,
         sentinel,
         sentinel_username,
         sentinel_password,
@@ -678,6 +693,26 @@ mod tests {
             f[2] = ("namespace", s(bad));
             assert_eq!(err(&obj(&f)).code, LockErrorCode::InvalidOptions, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_cluster_url_may_list_seed_nodes_and_only_a_cluster_url() {
+        let c = parse_connection(&obj(&[
+            ("url", s("redis://:hunter2@h1:7000,h2:7001/0")),
+            ("cluster", Raw::Bool(true)),
+        ]))
+        .unwrap();
+        assert_eq!(c.seeds, ["redis://:hunter2@h1:7000/0", "redis://:hunter2@h2:7001/0"]);
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let e = parse_connection(&s("redis://:hunter2@h1:7000,h2:7001")).unwrap_err();
+        assert_eq!(e.code, LockErrorCode::InvalidOptions);
+        assert!(e.message.contains("cluster: true") && !e.message.contains("hunter2"));
+        let e = parse_connection(&obj(&[
+            ("url", s("redis://:hunter2@h1,,h2")),
+            ("cluster", Raw::Bool(true)),
+        ]))
+        .unwrap_err();
+        assert!(e.message.contains("host[:port]") && !e.message.contains("hunter2"));
     }
 
     #[test]

@@ -352,8 +352,10 @@ async fn without_sharded_pubsub_per_key_notifications_say_so_once_and_fall_back_
         });
         eventually("the key's subscription", Duration::from_secs(5), || d.subscribed_keys() == 1)
             .await;
-        // Classic, through the node the URL names; classic PUBLISH reaches every node.
-        assert_eq!(subscribers(&cluster.nodes[0], "NUMSUB", &channel), 1);
+        // Classic, through one node (any: classic PUBLISH reaches every node).
+        let classic: u64 =
+            cluster.nodes.iter().map(|node| subscribers(node, "NUMSUB", &channel)).sum();
+        assert_eq!(classic, 1);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let released_at = Instant::now();
         assert!(holder.release(&held).await.unwrap());
@@ -475,4 +477,246 @@ async fn per_key_waiters_subscribe_again_at_the_new_master_after_a_failover() {
     d.release(&lease).await.unwrap();
     d.shutdown().await.unwrap();
     let _ = holder.shutdown().await;
+}
+
+// --- no single point of failure (issue 23) ---------------------------------------------
+
+/// A driver on the Cluster through `url`, in the given notification mode, with safety polls
+/// so slow that only a notification explains a quick wake-up.
+fn driver_on(url: &str, namespace: &str, mode: &str) -> dokebi_lock_redis::Driver {
+    use dokebi_lock_redis::{parse_backend, parse_connection};
+    let fields = [
+        ("driver", Raw::String("redis".into())),
+        ("connection", Raw::String("main".into())),
+        ("namespace", Raw::String(namespace.into())),
+        ("notifications", Raw::String(mode.into())),
+        ("pollIntervalMs", Raw::Number(5_000.0)),
+        ("notifyPollIntervalMs", Raw::Number(5_000.0)),
+        ("leaseMs", Raw::Number(60_000.0)),
+    ];
+    let backend =
+        parse_backend(&Raw::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+            .unwrap();
+    let conn = connection(url, &[("cluster", Raw::Bool(true))]);
+    dokebi_lock_redis::Driver::new(&parse_connection(&conn).unwrap(), backend).unwrap()
+}
+
+/// For each of the three masters, a key whose slot it owns.
+fn key_per_master(cluster: &Cluster, namespace: &str) -> Vec<String> {
+    (0..3)
+        .map(|master| {
+            (0..)
+                .map(|i| format!("job-{i}"))
+                .find(|key| {
+                    let names = dokebi_lock_redis::testing::KeyNames::new(namespace, key);
+                    cluster.owner(&names.lock) == master
+                })
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Kills the master the URL names once every replica has synced, and waits until another
+/// node serves its slots; returns when that was seen.
+async fn kill_url_node_and_wait_for_its_replica(cluster: &mut Cluster, key_of_node_0: &str) {
+    for master in 0..3 {
+        eventually("the replica's copy", Duration::from_secs(15), || {
+            cluster.nodes[master].command(&["WAIT", "1", "500"]).starts_with(":1")
+        })
+        .await;
+    }
+    cluster.nodes[0].kill();
+    let lock = dokebi_lock_redis::testing::KeyNames::new("spof", key_of_node_0).lock;
+    let end = Instant::now() + Duration::from_secs(30);
+    while cluster.try_owner(&lock, &[0]).is_none()
+        || !cluster.nodes[1].command(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+    {
+        assert!(Instant::now() < end, "no replica took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The fault that hurts most: the node the URL names dies. Once its replica takes over,
+/// every shard serves acquires again, a release on a healthy shard still reaches its waiter,
+/// and the notifications come back without that node (issue 23).
+async fn the_url_nodes_death_stops_no_shard(mode: &str) {
+    let mut cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start_nodes(6, &["--cluster-node-timeout", "1000"])
+    })
+    .await
+    .unwrap();
+    let d = driver_on(cluster.nodes[0].url(), "spof", mode);
+    // The holder reaches the Cluster through another node: it is not the one under test.
+    let holder = driver_on(cluster.nodes[1].url(), "spof", mode);
+    let keys = key_per_master(&cluster, "spof");
+    for key in &keys {
+        let lease = d.acquire(key, Some(0), CancellationToken::new()).await.unwrap();
+        assert!(d.release(&lease).await.unwrap());
+    }
+    // A waiter on master 1's key, behind the holder.
+    let held = holder.acquire(&keys[1], None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (d, key) = (d.clone(), keys[1].clone());
+        async move { d.acquire(&key, Some(60_000), CancellationToken::new()).await }
+    });
+    eventually("the waiter's subscription", Duration::from_secs(5), || {
+        d.subscription_state() == dokebi_lock_redis::testing::SubscriptionState::Live
+            && d.stats().waiters == 1
+    })
+    .await;
+
+    // Traffic on every shard through the failover, so commands meet the dead node (lost
+    // replies, refused connects) as they would in production.
+    let traffic = CancellationToken::new();
+    let traffic_task = tokio::spawn({
+        let (d, keys, stop) = (d.clone(), keys.clone(), traffic.clone());
+        async move {
+            while !stop.is_cancelled() {
+                for key in [&keys[0], &keys[2]] {
+                    if let Ok(lease) = d.acquire(key, Some(0), CancellationToken::new()).await {
+                        let _ = d.release(&lease).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    kill_url_node_and_wait_for_its_replica(&mut cluster, &keys[0]).await;
+    traffic.cancel();
+    traffic_task.await.unwrap();
+    let recovered_from = Instant::now();
+    // Every shard, the dead node's included, serves acquires again (ioredis: ~5 s; the
+    // issue's target is 10 s; the bound is 5x what a busy machine may need for that).
+    for key in &keys {
+        let end = recovered_from + Duration::from_secs(50);
+        loop {
+            match d.acquire(key, Some(0), CancellationToken::new()).await {
+                Ok(lease) => {
+                    assert!(d.release(&lease).await.unwrap(), "released on its shard");
+                    break;
+                }
+                // The held key's shard answered: that is serving too.
+                Err(e) if e.code == dokebi_lock_redis::LockErrorCode::LockBusy => {
+                    assert_eq!(key, &keys[1], "only the held key is busy");
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < end, "{key}: still failing: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!(
+        "{mode}: every shard served acquires {:?} after cluster_state:ok",
+        recovered_from.elapsed()
+    );
+    // Notifications come back without the node the URL names.
+    eventually("a live subscription again", Duration::from_secs(30), || {
+        d.subscription_state() == dokebi_lock_redis::testing::SubscriptionState::Live
+    })
+    .await;
+    let heard = d.notifications_received();
+    assert!(holder.release(&held).await.unwrap(), "the holder's release on a healthy shard");
+    let lease = waiter.await.unwrap().expect("the waiter on the healthy shard gets the lock");
+    eventually("the release heard", Duration::from_secs(4), || d.notifications_received() > heard)
+        .await;
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_nodes_death_stops_no_shard_once_its_replica_takes_over_namespace_channel() {
+    if support::external() {
+        return;
+    }
+    the_url_nodes_death_stops_no_shard("namespace").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_nodes_death_stops_no_shard_once_its_replica_takes_over_per_key() {
+    if support::external() {
+        return;
+    }
+    the_url_nodes_death_stops_no_shard("per-key").await;
+}
+
+/// `url` may list several seed nodes: a driver started while the first is down reaches the
+/// Cluster through the next (issue 23, CONTRACT "Cluster seed nodes").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_started_while_a_seed_node_is_down_reaches_the_cluster_through_another() {
+    if support::external() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let dead = free_port();
+    let url = format!("redis://127.0.0.1:{dead},127.0.0.1:{}", cluster.nodes[1].port);
+    let d = driver_on(&url, "seeds", "namespace");
+    for key in key_per_master(&cluster, "seeds") {
+        let lease = d.acquire(&key, Some(0), CancellationToken::new()).await.unwrap();
+        assert!(d.release(&lease).await.unwrap());
+    }
+    d.shutdown().await.unwrap();
+}
+
+/// README's least-privilege rule with its Cluster line, on every node: the whole cycle, in
+/// both notification modes, leaves `ACL LOG` empty everywhere, so nothing redis-rs's Cluster
+/// client sends unasked (`CLIENT SETINFO` on Redis 7.2+ and Valkey) is refused (issue 23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_runs_whole_on_a_cluster_as_the_least_privileged_user() {
+    if support::external() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    for node in &cluster.nodes {
+        let mut setuser = vec!["ACL", "SETUSER", "locker"];
+        setuser.extend(common::LEAST_PRIVILEGE_RULE.iter().map(|r| {
+            if *r == "&locks:lock-released" {
+                "&locks:lock-released*"
+            } else {
+                r
+            }
+        }));
+        setuser.extend_from_slice(common::CLUSTER_PRIVILEGE_ADDITIONS);
+        assert!(node.command(&setuser).starts_with("+OK"));
+    }
+    let user_url = cluster.nodes[0].url().replace("redis://", "redis://locker:s3cret@");
+    for mode in ["namespace", "per-key"] {
+        let holder = driver_on(&user_url, "locks", mode);
+        let d = driver_on(&user_url, "locks", mode);
+        for key in key_per_master(&cluster, "locks") {
+            // The last key's subscription outlives its wait by a grace period: let it end,
+            // so the count below is this key's.
+            eventually("the last key's unsubscribe", Duration::from_secs(5), || {
+                d.subscribed_keys() == 0
+            })
+            .await;
+            let held = holder.acquire(&key, Some(0), CancellationToken::new()).await.unwrap();
+            holder.renew(&held).await.unwrap();
+            let waiter = tokio::spawn({
+                let (d, key) = (d.clone(), key.clone());
+                async move { d.acquire(&key, Some(15_000), CancellationToken::new()).await }
+            });
+            eventually("the waiter's subscription", Duration::from_secs(5), || {
+                d.subscription_state() == dokebi_lock_redis::testing::SubscriptionState::Live
+                    && d.stats().waiters == 1
+                    && (mode == "namespace" || d.subscribed_keys() == 1)
+            })
+            .await;
+            let heard = d.notifications_received();
+            assert!(holder.release(&held).await.unwrap());
+            let next = waiter.await.unwrap().unwrap();
+            // Heard, whether or not the waiter's own check got there first.
+            eventually("the release heard", Duration::from_secs(4), || {
+                d.notifications_received() > heard
+            })
+            .await;
+            assert!(d.release(&next).await.unwrap());
+        }
+        d.shutdown().await.unwrap();
+        holder.shutdown().await.unwrap();
+    }
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let log = node.command(&["ACL", "LOG"]);
+        assert_eq!(log, "*0\r\n", "node {i}: ACL LOG has denials: {log}");
+    }
 }

@@ -3,31 +3,35 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Handle, RedisLink, Target};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::{Handle, RedisLink};
 use crate::events;
 
 /// Reads `maxmemory-policy` through INFO (allowed where CONFIG is not) and warns when Redis
 /// may evict lock keys. A denied INFO is not an error: the check is advice.
-/// In a Cluster, INFO is asked of the node the URL names.
+/// In a Cluster, INFO is asked of any one node.
 pub(super) async fn check_eviction_policy(link: Arc<RedisLink>, conn: Handle) {
-    let mut info = redis::cmd("INFO");
-    info.arg("memory");
-    let ask = async {
-        let mut conn = match conn {
-            Handle::Single(conn) => conn,
-            Handle::Cluster(_) => match &link.target {
-                Target::Fixed(node) => {
-                    node.resp2.get_multiplexed_async_connection_with_config(&link.config).await?
-                }
-                Target::Sentinel(_) => return Ok(String::new()),
-            },
-        };
-        info.query_async::<String>(&mut conn).await
+    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), info_memory(conn)).await else {
+        return;
     };
-    let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), ask).await else { return };
     if let Some(policy) = maxmemory_policy(&info) {
         if policy != "noeviction" {
             events::eviction_unsafe(link.driver_id, policy);
+        }
+    }
+}
+
+async fn info_memory(conn: Handle) -> redis::RedisResult<String> {
+    let mut info = redis::cmd("INFO");
+    info.arg("memory");
+    match conn {
+        Handle::Single(mut conn) => info.query_async(&mut conn).await,
+        // INFO has no key: redis-rs would ask every primary and merge the replies.
+        Handle::Cluster(mut cluster) => {
+            let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let reply = cluster.route_command(info, any).await?;
+            Ok(redis::from_redis_value(reply).unwrap_or_default())
         }
     }
 }

@@ -8,6 +8,7 @@
 //! (`not-submitted`); once a command is queued on the multiplexed connection, redis-rs
 //! cannot say whether Redis saw it, so an I/O failure there is `unknown` (decision 0003).
 
+mod cluster;
 mod eviction;
 mod pubsub;
 mod script;
@@ -19,10 +20,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
+pub(crate) use cluster::ClusterConn;
 pub use pubsub::SubscribeFailure;
 pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
 pub(crate) use script::ScriptCall;
@@ -62,7 +62,7 @@ impl Conn {
 enum Handle {
     Single(MultiplexedConnection),
     /// Routes each script by its first key's slot; both lock keys share a hash tag.
-    Cluster(ClusterConnection),
+    Cluster(ClusterConn),
 }
 
 impl Handle {
@@ -121,6 +121,8 @@ enum Target {
     Fixed(Box<NodeClients>),
     /// The primary Sentinel names, asked again at each connect.
     Sentinel(Arc<Sentinel>),
+    /// A Cluster, through any node known (`cluster`).
+    Cluster(cluster::ClusterNodes),
 }
 
 /// The connection of one backend (decision 0004): where it connects, the connection
@@ -130,10 +132,6 @@ pub struct RedisLink {
     tls: Option<TlsOptions>,
     /// The server refused HELLO 3 (Redis < 6): commands use the RESP2 client.
     resp2_only: AtomicBool,
-    cluster: Option<ClusterClient>,
-    /// Where sharded subscriptions start (the URL of a Cluster node; holds a password,
-    /// never printed).
-    cluster_url: Option<String>,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     /// commandTimeoutMs: how long a command's reply is waited for.
@@ -183,23 +181,15 @@ impl RedisLink {
                     driver_id,
                 )?))
             }
+            None if options.cluster => Target::Cluster(cluster::ClusterNodes::new(
+                &options.seeds,
+                options.tls.as_ref(),
+                connect_timeout,
+            )?),
             None => Target::Fixed(Box::new(NodeClients::new(
                 options.url.as_str().into_connection_info()?,
                 options.tls.as_ref(),
             )?)),
-        };
-        let cluster = if options.cluster {
-            // No retries: redis-rs would resend a command after an I/O error, and a command
-            // with an unsettled outcome is never retried (redirects are handled in `eval`).
-            let mut builder = ClusterClient::builder(vec![options.url.as_str()])
-                .retries(0)
-                .connection_timeout(connect_timeout);
-            if let Some(certificates) = options.tls.as_ref().map(certificates) {
-                builder = builder.certs(certificates);
-            }
-            Some(builder.build()?)
-        } else {
-            None
         };
         // Replies are timed here, not by redis-rs: a late reply must still reach us so an
         // acquire that succeeded after its caller gave up can be cleaned up.
@@ -210,8 +200,6 @@ impl RedisLink {
             target,
             tls: options.tls.clone(),
             resp2_only: AtomicBool::new(false),
-            cluster,
-            cluster_url: options.cluster.then(|| options.url.clone()),
             config,
             connect_timeout,
             command_timeout,
@@ -231,7 +219,7 @@ impl RedisLink {
     fn epoch(&self) -> u64 {
         match &self.target {
             Target::Sentinel(sentinel) => sentinel.epoch(),
-            Target::Fixed(_) => 0,
+            Target::Fixed(_) | Target::Cluster(_) => 0,
         }
     }
 
@@ -247,7 +235,7 @@ impl RedisLink {
         }
         match &self.target {
             Target::Sentinel(sentinel) => sentinel.admits(conn.epoch, conn.opened),
-            Target::Fixed(_) => Ok(()),
+            Target::Fixed(_) | Target::Cluster(_) => Ok(()),
         }
     }
 
@@ -259,7 +247,7 @@ impl RedisLink {
     pub fn primary_switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         match &self.target {
             Target::Sentinel(sentinel) => Some(sentinel.switches()),
-            Target::Fixed(_) => None,
+            Target::Fixed(_) | Target::Cluster(_) => None,
         }
     }
 
@@ -275,7 +263,10 @@ impl RedisLink {
         let attempt = {
             let mut state = self.state();
             match &*state {
-                State::Connected(conn) if !self.is_stale(conn) => return Ok(conn.clone()),
+                State::Connected(conn) if !self.is_stale(conn) => {
+                    self.keep_learning(conn);
+                    return Ok(conn.clone());
+                }
                 State::Connecting(_, attempt) => attempt.clone(),
                 // Nothing open, or the open one was announced closed: connect anew.
                 State::Idle | State::Connected(_) => {
@@ -320,17 +311,16 @@ impl RedisLink {
         let opened = Instant::now();
         let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
-            match (&self.target, &self.cluster) {
-                (_, Some(cluster)) => Ok((
-                    Handle::Cluster(
-                        cluster
-                            .get_async_connection()
-                            .await
-                            .map_err(|e| RedisFailure::connect(&e))?,
-                    ),
-                    0,
-                )),
-                (Target::Fixed(node), None) => Ok((
+            match &self.target {
+                Target::Cluster(nodes) => {
+                    let conn = nodes
+                        .open_commands(&self.config)
+                        .await
+                        .map_err(|e| RedisFailure::connect(&e))?;
+                    nodes.learn(&conn, true).await;
+                    Ok((Handle::Cluster(conn), 0))
+                }
+                Target::Fixed(node) => Ok((
                     Handle::Single(
                         self.open_single(node, &closed)
                             .await
@@ -338,7 +328,7 @@ impl RedisLink {
                     ),
                     0,
                 )),
-                (Target::Sentinel(sentinel), None) => self.open_primary(sentinel, &closed).await,
+                Target::Sentinel(sentinel) => self.open_primary(sentinel, &closed).await,
             }
         };
         let (inner, epoch) = match tokio::time::timeout(self.connect_timeout, connect).await {
@@ -401,8 +391,16 @@ impl RedisLink {
         node.resp2.get_multiplexed_async_connection_with_config(&self.config).await
     }
 
-    /// Drops `conn` if it is still the shared one, so the next command reconnects.
+    /// Drops `conn` if it is still the shared one, so the next command reconnects. Never a
+    /// Cluster connection: what failed on one node says nothing of the others, and redis-rs
+    /// repairs that node's connection itself (issue 23).
     pub fn forget(&self, conn: &Conn) {
+        if !matches!(conn.inner, Handle::Cluster(_)) {
+            self.drop_shared(conn);
+        }
+    }
+
+    fn drop_shared(&self, conn: &Conn) {
         let mut state = self.state();
         if matches!(&*state, State::Connected(c) if c.generation == conn.generation) {
             *state = State::Idle;
@@ -445,8 +443,33 @@ impl RedisLink {
     /// holding it (it would only queue behind the stalled command); that is reported as
     /// surely not submitted.
     pub fn give_up(&self, conn: &Conn) {
-        conn.closed.store(true, Ordering::Release);
-        self.forget(conn);
+        if !matches!(conn.inner, Handle::Cluster(_)) {
+            conn.closed.store(true, Ordering::Release);
+            self.forget(conn);
+        }
+    }
+
+    /// A Cluster connection that reached no node at all: the next command builds a new one
+    /// from every node known, where redis-rs would go back to the URL's seeds alone.
+    fn lost_cluster(&self, conn: &Conn) {
+        if matches!(conn.inner, Handle::Cluster(_)) {
+            self.drop_shared(conn);
+        }
+    }
+
+    /// Refreshes the learned Cluster nodes now and then, in the background, so the ways
+    /// back in follow a Cluster whose nodes are replaced.
+    fn keep_learning(self: &Arc<Self>, conn: &Conn) {
+        if let (Target::Cluster(nodes), Handle::Cluster(cluster)) = (&self.target, &conn.inner) {
+            if nodes.learning_due() {
+                let (link, cluster) = (self.clone(), cluster.clone());
+                tokio::spawn(async move {
+                    if let Target::Cluster(nodes) = &link.target {
+                        nodes.learn(&cluster, false).await;
+                    }
+                });
+            }
+        }
     }
 
     /// Closes the shared connection; commands still in flight keep their own handle.

@@ -7,12 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::ProtocolVersion;
-
-use super::tls::certificates;
-use super::{NodeClients, RedisLink, Target};
+use super::{ClusterConn, NodeClients, RedisLink, Target};
 use crate::error::RedisFailure;
 
 impl RedisLink {
@@ -41,10 +36,10 @@ impl RedisLink {
 
     /// A dedicated connection for subscriptions, not yet subscribed to anything (per-key
     /// notifications subscribe and unsubscribe on it as keys come and go): on the node the
-    /// URL names (a Cluster's classic pub/sub reaches every node), or on the primary
-    /// Sentinel names now, as [`subscribe`](Self::subscribe).
+    /// URL names, on any node of a Cluster that answers (its classic pub/sub reaches every
+    /// node), or on the primary Sentinel names now, as [`subscribe`](Self::subscribe).
     pub async fn open_pubsub(&self) -> Result<redis::aio::PubSub, SubscribeFailure> {
-        let resolved = AtomicBool::new(matches!(self.target, Target::Fixed(_)));
+        let resolved = AtomicBool::new(!matches!(self.target, Target::Sentinel(_)));
         let connect = self.pubsub_connection(&resolved);
         let outcome = tokio::time::timeout(self.connect_timeout, connect).await;
         outcome.unwrap_or_else(|_| Err(subscribe_timeout(&resolved)))
@@ -54,27 +49,15 @@ impl RedisLink {
     /// owns the channel's slot), speaking RESP3 so that messages, the server's own
     /// `sunsubscribe` at a slot move, and a node connection's end arrive as pushes on the
     /// returned receiver. None without `cluster: true`.
-    pub async fn open_shard_pubsub(
+    pub(crate) async fn open_shard_pubsub(
         &self,
-    ) -> Option<Result<(ClusterConnection, ShardPushes), SubscribeFailure>> {
-        let url = self.cluster_url.as_deref()?;
+    ) -> Option<Result<(ClusterConn, ShardPushes), SubscribeFailure>> {
+        let Target::Cluster(nodes) = &self.target else { return None };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        // Unlike scripts, SSUBSCRIBE is safe to resend: redis-rs may follow MOVED and retry.
-        let mut builder = ClusterClient::builder(vec![url])
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(tx)
-            .connection_timeout(self.connect_timeout)
-            .response_timeout(self.command_timeout);
-        if let Some(certificates) = self.tls.as_ref().map(certificates) {
-            builder = builder.certs(certificates);
-        }
-        let opened = async {
-            let client = builder.build().map_err(|e| RedisFailure::connect(&e))?;
-            client.get_async_connection().await.map_err(|e| RedisFailure::connect(&e))
-        };
+        let opened = nodes.open_sharded(self.command_timeout, tx);
         Some(match tokio::time::timeout(self.connect_timeout, opened).await {
             Err(_) => Err(SubscribeFailure::Failed(RedisFailure::connect_timeout())),
-            Ok(Err(failure)) => Err(SubscribeFailure::Failed(failure)),
+            Ok(Err(e)) => Err(SubscribeFailure::Failed(RedisFailure::connect(&e))),
             Ok(Ok(conn)) => Ok((conn, rx)),
         })
     }
@@ -85,6 +68,21 @@ impl RedisLink {
     ) -> Result<redis::aio::PubSub, SubscribeFailure> {
         let client = match &self.target {
             Target::Fixed(node) => node.resp2.clone(),
+            // Classic pub/sub reaches every node of a Cluster: any node that answers will do.
+            Target::Cluster(nodes) => {
+                let mut last = None;
+                for info in nodes.subscriber_candidates() {
+                    let client = NodeClients::new(info, self.tls.as_ref())
+                        .map_err(|e| SubscribeFailure::Failed(RedisFailure::connect(&e)))?;
+                    match client.resp2.get_async_pubsub().await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                let failure =
+                    last.map_or_else(RedisFailure::connect_timeout, |e| RedisFailure::connect(&e));
+                return Err(SubscribeFailure::Failed(failure));
+            }
             Target::Sentinel(sentinel) => {
                 let address =
                     sentinel.primary_address().await.map_err(SubscribeFailure::NoPrimary)?;

@@ -62,6 +62,9 @@ impl RedisLink {
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
             self.forget(conn);
         }
+        if matches!(&reply, Err(f) if f.reached_no_node()) {
+            self.lost_cluster(conn);
+        }
         // A demoted primary refuses writes: ask Sentinel where the primary went.
         if matches!(&self.target, Target::Sentinel(_))
             && matches!(&reply, Err(f) if f.server_code.as_deref() == Some("READONLY"))

@@ -119,7 +119,7 @@ impl Mode {
 /// The connection that carries the channels.
 pub(super) enum Carrier {
     Classic { sink: redis::aio::PubSubSink, messages: redis::aio::PubSubStream },
-    Sharded { conn: redis::cluster_async::ClusterConnection, pushes: ShardPushes },
+    Sharded { conn: crate::connection::ClusterConn, pushes: ShardPushes },
 }
 
 /// What the connection delivered.
@@ -270,7 +270,7 @@ impl Carrier {
 /// moved, redis-rs's map is behind) surely did nothing and is sent again after a pause, as
 /// scripts are (connection.rs).
 async fn shard_command(
-    conn: &redis::cluster_async::ClusterConnection,
+    conn: &crate::connection::ClusterConn,
     link: &RedisLink,
     subscribe: bool,
     channel: &str,

@@ -1,0 +1,302 @@
+//! A Cluster reached through any node it has (issue 23): the seed nodes the URL lists and
+//! every node learned from the Cluster since are all ways back in, so no single node's
+//! death keeps the driver out. The Cluster connection itself is never dropped for what
+//! happened on one node (redis-rs repairs that node's connection and refreshes its slot map
+//! from the others); only when it has no node left is a new one built, from all of them.
+//!
+//! Node connections skip `CLIENT SETINFO` like every other connection (decision 0075):
+//! redis-rs builds a Cluster's node connections itself, so they are made by [`QuietNode`].
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::Connect;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture,
+    Value,
+};
+
+use super::quiet;
+use super::tls::certificates;
+use crate::options::TlsOptions;
+
+/// The Cluster connection type every Cluster handle uses.
+pub(crate) type ClusterConn = redis::cluster_async::ClusterConnection<QuietNode>;
+
+/// How many learned nodes are kept: a Cluster's nodes, with room for replaced ones.
+const MAX_LEARNED: usize = 64;
+/// How often the slot map is asked for again while commands flow.
+const RELEARN_EVERY: Duration = Duration::from_secs(10);
+
+/// One node's multiplexed connection, opened without `CLIENT SETINFO`.
+#[derive(Clone)]
+pub(crate) struct QuietNode(MultiplexedConnection);
+
+impl ConnectionLike for QuietNode {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.0.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+impl Connect for QuietNode {
+    fn connect_with_config<'a, T>(info: T, config: AsyncConnectionConfig) -> RedisFuture<'a, Self>
+    where
+        T: IntoConnectionInfo + Send + 'a,
+    {
+        async move {
+            let client = Client::open(quiet(info.into_connection_info()?))?;
+            Ok(QuietNode(client.get_multiplexed_async_connection_with_config(&config).await?))
+        }
+        .boxed()
+    }
+}
+
+/// The nodes of one Cluster this driver knows.
+pub(crate) struct ClusterNodes {
+    /// The nodes the URL lists, in its order (they hold the password).
+    seeds: Vec<ConnectionInfo>,
+    /// `host:port` of every node learned from the Cluster's slot map since.
+    learned: Mutex<Vec<(String, u16)>>,
+    last_learned: Mutex<Option<Instant>>,
+    tls: Option<TlsOptions>,
+    connect_timeout: Duration,
+    /// Where the next classic subscription connection starts looking.
+    next_subscriber: AtomicUsize,
+}
+
+impl ClusterNodes {
+    pub(super) fn new(
+        seeds: &[String],
+        tls: Option<&TlsOptions>,
+        connect_timeout: Duration,
+    ) -> redis::RedisResult<Self> {
+        let seeds = seeds
+            .iter()
+            .map(|url| url.as_str().into_connection_info().map(quiet))
+            .collect::<Result<Vec<_>, _>>()?;
+        if seeds.is_empty() {
+            return Err((redis::ErrorKind::InvalidClientConfig, "no Cluster node").into());
+        }
+        let nodes = Self {
+            seeds,
+            learned: Mutex::new(Vec::new()),
+            last_learned: Mutex::new(None),
+            tls: tls.cloned(),
+            connect_timeout,
+            next_subscriber: AtomicUsize::new(0),
+        };
+        // Checked now, so a bad setting is INVALID_OPTIONS at creation, not a failed connect.
+        nodes.builder().build()?;
+        Ok(nodes)
+    }
+
+    /// Every node known: the seeds, then the learned ones, each once.
+    pub(super) fn all(&self) -> Vec<ConnectionInfo> {
+        let mut all = self.seeds.clone();
+        let template = &self.seeds[0];
+        for (host, port) in crate::sync::lock(&self.learned).iter() {
+            let addr = match template.addr() {
+                ConnectionAddr::TcpTls { insecure, tls_params, .. } => ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => ConnectionAddr::Tcp(host.clone(), *port),
+            };
+            if !all.iter().any(|known| known.addr().to_string() == addr.to_string()) {
+                all.push(template.clone().set_addr(addr));
+            }
+        }
+        all
+    }
+
+    /// A client for every node known, with the URL's settings and TLS material.
+    fn builder(&self) -> ClusterClientBuilder {
+        let mut builder =
+            ClusterClient::builder(self.all()).connection_timeout(self.connect_timeout);
+        if let Some(certificates) = self.tls.as_ref().map(certificates) {
+            builder = builder.certs(certificates);
+        }
+        builder
+    }
+
+    /// The connection for commands. No retries: redis-rs would resend a command after an
+    /// I/O error, and a command with an unsettled outcome is never retried (redirects are
+    /// followed in `eval`).
+    pub(super) async fn open_commands(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> redis::RedisResult<ClusterConn> {
+        let _ = config; // node connections take redis-rs's settings; replies are timed by us
+        let client = self.builder().retries(0).build()?;
+        client.get_async_generic_connection::<QuietNode>().await
+    }
+
+    /// A RESP3 connection for sharded subscriptions, its pushes sent to `pushes`. Unlike
+    /// scripts, SSUBSCRIBE is safe to resend: redis-rs may follow MOVED and retry.
+    pub(super) async fn open_sharded(
+        &self,
+        command_timeout: Duration,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> redis::RedisResult<ClusterConn> {
+        let client = self
+            .builder()
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            .response_timeout(command_timeout)
+            .build()?;
+        client.get_async_generic_connection::<QuietNode>().await
+    }
+
+    /// The nodes to try for a classic subscription, starting after the last one tried, so
+    /// that a dead node is not the first choice twice in a row.
+    pub(super) fn subscriber_candidates(&self) -> Vec<ConnectionInfo> {
+        let mut all = self.all();
+        let start = self.next_subscriber.fetch_add(1, Ordering::Relaxed) % all.len();
+        all.rotate_left(start);
+        all
+    }
+
+    /// True when the learned nodes are older than [`RELEARN_EVERY`].
+    pub(super) fn learning_due(&self) -> bool {
+        crate::sync::lock(&self.last_learned).is_none_or(|at| at.elapsed() >= RELEARN_EVERY)
+    }
+
+    /// Learns the Cluster's nodes from its slot map, asked of any node `conn` has; at most
+    /// once per [`RELEARN_EVERY`] unless `now`. Best effort: a failure leaves what was known.
+    pub(super) async fn learn(&self, conn: &ClusterConn, now: bool) {
+        {
+            let mut last = crate::sync::lock(&self.last_learned);
+            if !now && last.is_some_and(|at| at.elapsed() < RELEARN_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let mut conn = conn.clone();
+        let asked = conn.route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        );
+        if let Ok(Ok(reply)) = tokio::time::timeout(self.connect_timeout, asked).await {
+            let found = nodes_in_slots(&reply);
+            if !found.is_empty() {
+                let mut learned = crate::sync::lock(&self.learned);
+                for node in found {
+                    if !learned.contains(&node) {
+                        learned.push(node);
+                    }
+                }
+                // The oldest go first: a node replaced long ago is the least likely way in.
+                let excess = learned.len().saturating_sub(MAX_LEARNED);
+                learned.drain(..excess);
+            }
+        }
+    }
+}
+
+/// `host:port` of each node in a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id…],
+/// replicas…], …]`. An empty host (the node asked, by its own account) is skipped.
+fn nodes_in_slots(reply: &Value) -> Vec<(String, u16)> {
+    let Value::Array(ranges) = reply else { return Vec::new() };
+    let mut nodes = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else { continue };
+        for node in parts.iter().skip(2) {
+            let Value::Array(fields) = node else { continue };
+            let host = match fields.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => continue,
+            };
+            let port = match fields.get(1) {
+                Some(Value::Int(p)) => u16::try_from(*p).ok(),
+                _ => None,
+            };
+            if let (false, Some(port)) = (host.is_empty() || host == "?", port) {
+                if !nodes.contains(&(host.clone(), port)) {
+                    nodes.push((host, port));
+                }
+            }
+        }
+    }
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn the_slot_map_names_every_master_and_replica_once() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                node("10.0.0.2", 7001),
+                node("", 7004),
+            ]),
+            Value::Array(vec![Value::Int(10923), Value::Int(16383), node("10.0.0.1", 7000)]),
+        ]);
+        assert_eq!(
+            nodes_in_slots(&reply),
+            [
+                ("10.0.0.1".to_owned(), 7000),
+                ("10.0.0.4".to_owned(), 7003),
+                ("10.0.0.2".to_owned(), 7001)
+            ]
+        );
+        assert!(nodes_in_slots(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn learned_nodes_follow_the_seeds_with_their_settings() {
+        let nodes = ClusterNodes::new(
+            &["redis://:pw@h1:7000/0".to_owned(), "redis://:pw@h2:7000/0".to_owned()],
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        nodes.learned.lock().unwrap().extend([("h2".to_owned(), 7000), ("h3".to_owned(), 7001)]);
+        let all = nodes.all();
+        let addrs: Vec<String> = all.iter().map(|n| n.addr().to_string()).collect();
+        assert_eq!(addrs, ["h1:7000", "h2:7000", "h3:7001"]);
+        assert_eq!(all[2].redis_settings().password(), Some("pw"));
+        assert!(all[2].redis_settings().skip_set_lib_name());
+        let first = nodes.subscriber_candidates()[0].addr().to_string();
+        let second = nodes.subscriber_candidates()[0].addr().to_string();
+        assert_ne!(first, second, "a second subscription starts at another node");
+    }
+}
