@@ -595,11 +595,10 @@ async fn the_url_nodes_death_stops_no_shard(mode: &str) {
                     assert!(d.release(&lease).await.unwrap(), "released on its shard");
                     break;
                 }
-                // The held key's shard answered: that is serving too.
-                Err(e) if e.code == dokebi_lock_redis::LockErrorCode::LockBusy => {
-                    assert_eq!(key, &keys[1], "only the held key is busy");
-                    break;
-                }
+                // The shard's primary answered: that is serving too. Not only the held key
+                // may be busy: a traffic lease whose release met CLUSTERDOWN during the
+                // failover is held until it expires.
+                Err(e) if e.code == dokebi_lock_redis::LockErrorCode::LockBusy => break,
                 Err(e) => assert!(Instant::now() < end, "{key}: still failing: {e:?}"),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
