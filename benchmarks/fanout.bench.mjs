@@ -24,14 +24,12 @@
 // that owns its slot). A mode the built driver does not accept (`notifications` unknown) is
 // skipped and said so. Writes benchmarks/results/<date>-fanout.json, .md and .svg.
 
-import { execFileSync, fork } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   addonInfo, childProcesses, commandVersion, gitInfo, here, machineBusy, machineInfo, median, packageDir, parseInfo,
@@ -39,6 +37,7 @@ import {
   nextMessage,
 } from './lib.mjs';
 import { fanoutSvg } from './fanout-chart.mjs';
+import { startClusterNodes, startWorker as startFleetWorker } from './fleet.mjs';
 
 const require = createRequire(import.meta.url);
 const NAMESPACE = 'bench';
@@ -86,24 +85,7 @@ function parseArgs(argv) {
 
 const children = childProcesses();
 
-async function startWorker(init) {
-  const env = { ...process.env };
-  delete env.REDIS_URL;
-  const child = children.add(fork(path.join(here, 'fanout.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
-  const ready = nextMessage(child, 'ready', 120_000);
-  child.send(init);
-  await ready;
-  return {
-    child,
-    async ask(msg, reply, timeoutMs = 60_000) { const r = nextMessage(child, reply, timeoutMs); child.send(msg); return r; },
-    async close() {
-      const gone = new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)));
-      child.send({ type: 'close' });
-      await Promise.race([gone, sleep(5000)]);
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-    },
-  };
-}
+const startWorker = (init) => startFleetWorker(children, path.join(here, 'fanout.worker.mjs'), init);
 
 /** Whether the built driver accepts `notifications: value` (creating connects nothing). */
 function driverAccepts(value) {
@@ -141,26 +123,7 @@ async function standalone() {
 // Cluster: the same cluster-enabled bookkeeping per key, no cluster bus traffic) gets every
 // slot by CLUSTER ADDSLOTSRANGE, as redis-cli --cluster create wants 3 masters at least.
 async function cluster(masters) {
-  const { startRedis } = await import('../__test__/helpers/redis.mjs');
-  const { freePort } = await import('../__test__/helpers/lock.mjs');
-  const servers = [];
-  try {
-    for (let i = 0; i < masters; i++) {
-      servers.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '5000'] }));
-    }
-    if (masters === 1) await servers[0].command('CLUSTER', 'ADDSLOTSRANGE', '0', '16383');
-    else execFileSync('redis-cli', ['--cluster', 'create', ...servers.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
-    const until = Date.now() + 20_000;
-    for (;;) {
-      const ok = await Promise.all(servers.map(async (s) => String(await s.command('CLUSTER', 'INFO')).includes('cluster_state:ok')));
-      if (ok.every(Boolean)) break;
-      if (Date.now() > until) throw new Error('the cluster did not become ok');
-      await sleep(100);
-    }
-  } catch (err) {
-    for (const s of servers) await s.stop();
-    throw err;
-  }
+  const servers = await startClusterNodes(masters);
   const info = parseInfo(await servers[0].command('INFO', 'server'));
   // Slot → node, for SSUBSCRIBE on the node that owns a channel's slot.
   const slots = await servers[0].command('CLUSTER', 'SLOTS');
