@@ -1,0 +1,224 @@
+// What a Redis Cluster costs Redis per acquire+release pair over one node (issue 23, item 6),
+// and where it goes.
+//
+//   node benchmarks/cluster-cost.bench.mjs [--seconds 5] [--reps 3] [--inflight 64] [--notifications namespace|per-key]
+//     [--out DIR] [--tag NAME]
+//
+// One driver (its own process, benchmarks/fanout.worker.mjs, `--notifications` mode, no
+// subscribers) runs acquire+release pairs over distinct keys on three deployments: a plain
+// standalone server, a 1-master Cluster (every slot on one node) and a 3-master Cluster.
+// Each repetition measures, per deployment, an IDLE window (the driver connected, sending
+// nothing) and then a BUSY window of the same length, and per node: redis-server CPU
+// (utime+stime from /proc), the commands Redis ran (INFO commandstats), the bytes it read
+// and wrote (INFO stats) and the cluster bus messages (CLUSTER INFO). Reported: Redis CPU
+// per pair summed over the nodes, the same less what the same nodes burn idle over the
+// window (cluster cron and bus, the client's pings), and commands, bytes and bus messages
+// per pair. Writes benchmarks/results/<date>-cluster-cost.json and .md.
+
+import { readFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import {
+  addonInfo, childProcesses, commandStats, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo,
+  parseOptions, processBusy, root, round, runMain, targetsSection,
+} from './lib.mjs';
+import { startClusterNodes, startWorker } from './fleet.mjs';
+
+const NAMESPACE = 'bench';
+const children = childProcesses();
+
+function parseArgs(argv) {
+  const v = parseOptions(argv, {
+    seconds: { type: 'string', default: '5' },
+    reps: { type: 'string', default: '3' },
+    inflight: { type: 'string', default: '64' },
+    notifications: { type: 'string', default: 'namespace' },
+    out: { type: 'string', default: path.join(here, 'results') },
+    tag: { type: 'string' },
+  }, { help: () => console.log('node benchmarks/cluster-cost.bench.mjs [--seconds 5] [--reps 3] [--inflight 64] [--notifications namespace|per-key] [--out DIR] [--tag NAME]') });
+  const opts = { seconds: Number(v.seconds), reps: Number(v.reps), inflight: Number(v.inflight), out: v.out, tag: v.tag, notifications: v.notifications };
+  if (!['namespace', 'per-key'].includes(opts.notifications)) throw new Error('--notifications must be namespace or per-key');
+  if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
+  if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
+  if (!Number.isInteger(opts.inflight) || opts.inflight < 1) throw new Error('--inflight must be an integer >= 1');
+  return opts;
+}
+
+async function deployment(kind) {
+  if (kind === 'standalone') {
+    const { startRedis } = await import('../__test__/helpers/redis.mjs');
+    const server = await startRedis();
+    return { kind, cluster: false, servers: [server] };
+  }
+  const servers = await startClusterNodes(kind === 'cluster-1' ? 1 : 3);
+  return { kind, cluster: true, servers };
+}
+
+/** Counters of one node now: CPU seconds, commands by name, bytes in and out, bus messages. */
+async function counters(server) {
+  const stats = parseInfo(await server.command('INFO', 'stats'));
+  const bus = server.cluster ? parseInfo(await server.command('CLUSTER', 'INFO')) : {};
+  return {
+    cpu: processBusy([server.pid]),
+    commands: commandStats(await server.command('INFO', 'commandstats')),
+    bytesIn: Number(stats.total_net_input_bytes),
+    bytesOut: Number(stats.total_net_output_bytes),
+    busMessages: Number(bus.cluster_stats_messages_sent ?? 0) + Number(bus.cluster_stats_messages_received ?? 0),
+  };
+}
+
+function delta(after, before) {
+  const commands = {};
+  for (const [name, calls] of Object.entries(after.commands)) {
+    const d = calls - (before.commands[name] ?? 0);
+    if (d > 0) commands[name] = d;
+  }
+  // The INFO and CLUSTER INFO asked here are ours, not the driver's.
+  commands.info = (commands.info ?? 0) - 2;
+  if (commands.cluster) commands.cluster -= 1;
+  for (const name of Object.keys(commands)) if (commands[name] <= 0) delete commands[name];
+  return {
+    cpu: after.cpu - before.cpu, commands,
+    bytesIn: after.bytesIn - before.bytesIn, bytesOut: after.bytesOut - before.bytesOut,
+    busMessages: after.busMessages - before.busMessages,
+  };
+}
+
+async function window(servers, run) {
+  const before = await Promise.all(servers.map(counters));
+  const t0 = performance.now();
+  const result = await run();
+  const seconds = (performance.now() - t0) / 1000;
+  const after = await Promise.all(servers.map(counters));
+  return { seconds, result, nodes: after.map((a, i) => delta(a, before[i])) };
+}
+
+const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+
+async function measure(d, driver, opts, tag) {
+  await Promise.all(d.servers.map((s) => s.command('FLUSHALL')));
+  const idle = await window(d.servers, () => sleep(opts.seconds * 1000));
+  const busy = await window(d.servers, () => driver.ask({ type: 'go', seconds: opts.seconds, tag }, 'done', opts.seconds * 1000 + 60_000));
+  const pairs = busy.result.pairs;
+  const idleCpuPerSecond = sum(idle.nodes.map((n) => n.cpu)) / idle.seconds;
+  const busyCpu = sum(busy.nodes.map((n) => n.cpu));
+  const commands = {};
+  for (const n of busy.nodes) for (const [name, calls] of Object.entries(n.commands)) commands[name] = (commands[name] ?? 0) + calls;
+  const idleCommands = {};
+  for (const n of idle.nodes) for (const [name, calls] of Object.entries(n.commands)) idleCommands[name] = (idleCommands[name] ?? 0) + calls;
+  return {
+    pairs,
+    pairsPerSec: round(pairs / busy.seconds, 1),
+    redisCpuUsPerPair: round((busyCpu * 1e6) / pairs, 2),
+    idleRedisCpuUsPerSecond: round(idleCpuPerSecond * 1e6, 0),
+    redisCpuUsPerPairLessIdle: round(((busyCpu - idleCpuPerSecond * busy.seconds) * 1e6) / pairs, 2),
+    redisCpuPerNodeSeconds: busy.nodes.map((n) => round(n.cpu, 2)),
+    commandsPerPair: Object.fromEntries(Object.entries(commands).map(([k, v]) => [k, round(v / pairs, 4)])),
+    idleCommandsPerSecond: Object.fromEntries(Object.entries(idleCommands).map(([k, v]) => [k, round(v / idle.seconds, 2)])),
+    bytesInPerPair: round(sum(busy.nodes.map((n) => n.bytesIn)) / pairs, 1),
+    bytesOutPerPair: round(sum(busy.nodes.map((n) => n.bytesOut)) / pairs, 1),
+    busMessagesPerSecondIdle: round(sum(idle.nodes.map((n) => n.busMessages)) / idle.seconds, 1),
+    busMessagesPerSecondBusy: round(sum(busy.nodes.map((n) => n.busMessages)) / busy.seconds, 1),
+    driverCpuUsPerPair: round(busy.result.cpuUs / pairs, 2),
+  };
+}
+
+const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle', 'idleRedisCpuUsPerSecond', 'bytesInPerPair', 'bytesOutPerPair', 'busMessagesPerSecondIdle', 'busMessagesPerSecondBusy', 'driverCpuUsPerPair'];
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  delete process.env.REDIS_URL;
+  const startedAt = new Date();
+  const date = startedAt.toISOString().slice(0, 10);
+  const commandLine = ['node', path.relative(root, fileURLToPath(import.meta.url)), ...process.argv.slice(2)].join(' ');
+  const addon = addonInfo();
+  if (addon.build !== 'release') console.error(`WARNING: ${addon.file} is a ${addon.build ?? 'missing'} build; run npm run build (release) first`);
+  const loadBefore = os.loadavg();
+
+  const kinds = ['standalone', 'cluster-1', 'cluster-3'];
+  const deployments = {};
+  const drivers = {};
+  const reps = Object.fromEntries(kinds.map((k) => [k, []]));
+  try {
+    for (const kind of kinds) {
+      deployments[kind] = await deployment(kind);
+      for (const s of deployments[kind].servers) s.cluster = deployments[kind].cluster;
+      drivers[kind] = await startWorker(children, path.join(here, 'fanout.worker.mjs'), {
+        role: 'driver', url: deployments[kind].servers[0].url, cluster: deployments[kind].cluster, namespace: NAMESPACE, inflight: opts.inflight, packageDir,
+        notifications: opts.notifications === 'namespace' ? undefined : opts.notifications,
+      });
+    }
+    // Interleaved, so a change in what else the machine runs falls on every deployment.
+    for (let rep = 1; rep <= opts.reps; rep++) {
+      for (const kind of kinds) {
+        const m = await measure(deployments[kind], drivers[kind], opts, `${kind}:${rep}`);
+        reps[kind].push(m);
+        console.error(`${kind.padEnd(10)} rep ${rep}/${opts.reps}: ${m.pairsPerSec} pairs/s, Redis ${m.redisCpuUsPerPair} µs/pair (${m.redisCpuUsPerPairLessIdle} less idle; idle ${m.idleRedisCpuUsPerSecond} µs/s), ${m.bytesInPerPair} B in, ${m.bytesOutPerPair} B out, bus ${m.busMessagesPerSecondBusy}/s, commands ${JSON.stringify(m.commandsPerPair)}`);
+      }
+    }
+  } finally {
+    for (const d of Object.values(drivers)) await d.close();
+    for (const d of Object.values(deployments)) for (const s of d.servers) await s.stop();
+  }
+
+  const results = {};
+  for (const kind of kinds) {
+    const medians = {};
+    for (const k of METRICS) medians[k] = median(reps[kind].map((r) => r[k]));
+    results[kind] = { medians, reps: reps[kind] };
+  }
+  const m = (kind, k) => results[kind].medians[k];
+  const ratio = m('cluster-3', 'redisCpuUsPerPair') / m('cluster-1', 'redisCpuUsPerPair');
+  const ratioLessIdle = m('cluster-3', 'redisCpuUsPerPairLessIdle') / m('cluster-1', 'redisCpuUsPerPairLessIdle');
+  const verdicts = [{
+    target: '3-master Cluster: Redis CPU per pair summed over the masters <= 1.2x a single node\'s (a 1-master Cluster)',
+    result: ratio <= 1.2 ? 'PASS' : 'FAIL',
+    detail: `${m('cluster-3', 'redisCpuUsPerPair')} vs ${m('cluster-1', 'redisCpuUsPerPair')} µs: ${round(ratio, 3)}x; less what the same nodes burn idle: ${m('cluster-3', 'redisCpuUsPerPairLessIdle')} vs ${m('cluster-1', 'redisCpuUsPerPairLessIdle')} µs, ${round(ratioLessIdle, 3)}x`,
+  }];
+
+  const out = {
+    benchmark: 'cluster-cost', date, startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(), command: commandLine,
+    machine: { ...machineInfo(), loadAverageBefore: loadBefore.map((x) => round(x, 2)), loadAverageAfter: os.loadavg().map((x) => round(x, 2)) },
+    node: process.version, redisServer: commandVersion('redis-server'), addon, git: gitInfo(),
+    packages: { '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version },
+    setup: {
+      seconds: opts.seconds, reps: opts.reps, inflight: opts.inflight, namespace: NAMESPACE, notifications: opts.notifications,
+      definitions: {
+        redisCpuUsPerPair: 'redis-server utime+stime (/proc/<pid>/stat, 10 ms ticks) over the busy window, summed over the nodes, / pairs completed',
+        redisCpuUsPerPairLessIdle: 'the same less the nodes\' CPU per second in the idle window just before (driver connected, sending nothing) times the busy window\'s length',
+        commandsPerPair: 'INFO commandstats calls over the busy window, summed over the nodes, / pairs (the benchmark\'s own INFO and CLUSTER INFO taken out)',
+        busMessages: 'CLUSTER INFO cluster_stats_messages_sent + _received, summed over the nodes, per second',
+      },
+    },
+    results, targets: verdicts,
+  };
+  mkdirSync(opts.out, { recursive: true });
+  const base = path.join(opts.out, `${date}-cluster-cost${opts.tag ? `-${opts.tag}` : ''}`);
+  writeFileSync(`${base}.json`, JSON.stringify(out, null, 2) + '\n');
+  const row = (label, k) => `| ${label} | ${kinds.map((kind) => m(kind, k)).join(' | ')} |`;
+  const commandNames = [...new Set(kinds.flatMap((kind) => Object.keys(results[kind].reps.at(-1).commandsPerPair)))].sort();
+  const md = [
+    `# What a Cluster costs Redis per pair, ${date}`, '',
+    `\`${commandLine}\` — one driver, acquire+release pairs over distinct keys, ${opts.inflight} in flight, notifications '${opts.notifications}' and no subscriber; per repetition an idle window, then a busy one, ${opts.seconds} s each, × ${opts.reps} reps (medians).`,
+    `Machine: ${out.machine.cpu} × ${out.machine.cores}; Node ${process.version}; ${out.redisServer}; addon ${addon.build} ${addon.sha256}, git ${out.git.head?.slice(0, 7)}${out.git.dirty?.length ? ' + uncommitted changes' : ''}.`,
+    '', `| | ${kinds.join(' | ')} |`, `|---|${kinds.map(() => '---:').join('|')}|`,
+    row('pairs/s', 'pairsPerSec'),
+    row('Redis CPU per pair, µs (summed over the nodes)', 'redisCpuUsPerPair'),
+    row('the same less idle CPU, µs', 'redisCpuUsPerPairLessIdle'),
+    row('idle Redis CPU, µs per second', 'idleRedisCpuUsPerSecond'),
+    row('bytes Redis read per pair', 'bytesInPerPair'),
+    row('bytes Redis wrote per pair', 'bytesOutPerPair'),
+    row('cluster bus messages per second, idle', 'busMessagesPerSecondIdle'),
+    row('cluster bus messages per second, busy', 'busMessagesPerSecondBusy'),
+    row('driver process CPU per pair, µs', 'driverCpuUsPerPair'),
+    ...commandNames.map((name) => `| commands per pair: ${name} (last rep) | ${kinds.map((kind) => results[kind].reps.at(-1).commandsPerPair[name] ?? 0).join(' | ')} |`),
+    '', ...targetsSection(verdicts),
+  ].join('\n');
+  writeFileSync(`${base}.md`, md + '\n');
+  console.log(md);
+}
+
+runMain(main, children);
