@@ -142,11 +142,7 @@ impl ClusterNodes {
     /// The connection for commands. No retries: redis-rs would resend a command after an
     /// I/O error, and a command with an unsettled outcome is never retried (redirects are
     /// followed in `eval`).
-    pub(super) async fn open_commands(
-        &self,
-        config: &AsyncConnectionConfig,
-    ) -> redis::RedisResult<ClusterConn> {
-        let _ = config; // node connections take redis-rs's settings; replies are timed by us
+    pub(super) async fn open_commands(&self) -> redis::RedisResult<ClusterConn> {
         let client = self.builder().retries(0).build()?;
         client.get_async_generic_connection::<QuietNode>().await
     }
@@ -176,21 +172,22 @@ impl ClusterNodes {
         all
     }
 
-    /// True when the learned nodes are older than [`RELEARN_EVERY`].
-    pub(super) fn learning_due(&self) -> bool {
-        crate::sync::lock(&self.last_learned).is_none_or(|at| at.elapsed() >= RELEARN_EVERY)
+    /// True, once per [`RELEARN_EVERY`], for the one caller that is to learn again: checked
+    /// and claimed under one lock, so the callers of a busy moment start one refresh, not one
+    /// each.
+    pub(super) fn claim_learning(&self) -> bool {
+        let mut last = crate::sync::lock(&self.last_learned);
+        if last.is_some_and(|at| at.elapsed() < RELEARN_EVERY) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
     }
 
-    /// Learns the Cluster's nodes from its slot map, asked of any node `conn` has; at most
-    /// once per [`RELEARN_EVERY`] unless `now`. Best effort: a failure leaves what was known.
-    pub(super) async fn learn(&self, conn: &ClusterConn, now: bool) {
-        {
-            let mut last = crate::sync::lock(&self.last_learned);
-            if !now && last.is_some_and(|at| at.elapsed() < RELEARN_EVERY) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
+    /// Learns the Cluster's nodes from its slot map, asked of any node `conn` has. Best
+    /// effort: a failure leaves what was known.
+    pub(super) async fn learn(&self, conn: &ClusterConn) {
+        *crate::sync::lock(&self.last_learned) = Some(Instant::now());
         let mut conn = conn.clone();
         let asked = conn.route_command(
             redis::cmd("CLUSTER").arg("SLOTS").clone(),
@@ -295,6 +292,8 @@ mod tests {
         assert_eq!(addrs, ["h1:7000", "h2:7000", "h3:7001"]);
         assert_eq!(all[2].redis_settings().password(), Some("pw"));
         assert!(all[2].redis_settings().skip_set_lib_name());
+        assert!(nodes.claim_learning(), "never learned: due");
+        assert!(!nodes.claim_learning(), "claimed a moment ago: one refresh, not two");
         let first = nodes.subscriber_candidates()[0].addr().to_string();
         let second = nodes.subscriber_candidates()[0].addr().to_string();
         assert_ne!(first, second, "a second subscription starts at another node");

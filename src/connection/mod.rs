@@ -313,11 +313,9 @@ impl RedisLink {
         let connect = async {
             match &self.target {
                 Target::Cluster(nodes) => {
-                    let conn = nodes
-                        .open_commands(&self.config)
-                        .await
-                        .map_err(|e| RedisFailure::connect(&e))?;
-                    nodes.learn(&conn, true).await;
+                    let conn =
+                        nodes.open_commands().await.map_err(|e| RedisFailure::connect(&e))?;
+                    nodes.learn(&conn).await;
                     Ok((Handle::Cluster(conn), 0))
                 }
                 Target::Fixed(node) => Ok((
@@ -461,11 +459,11 @@ impl RedisLink {
     /// back in follow a Cluster whose nodes are replaced.
     fn keep_learning(self: &Arc<Self>, conn: &Conn) {
         if let (Target::Cluster(nodes), Handle::Cluster(cluster)) = (&self.target, &conn.inner) {
-            if nodes.learning_due() {
+            if nodes.claim_learning() {
                 let (link, cluster) = (self.clone(), cluster.clone());
                 tokio::spawn(async move {
                     if let Target::Cluster(nodes) = &link.target {
-                        nodes.learn(&cluster, false).await;
+                        nodes.learn(&cluster).await;
                     }
                 });
             }
