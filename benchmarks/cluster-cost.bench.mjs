@@ -18,12 +18,12 @@
 import { readFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
-  addonInfo, childProcesses, commandStats, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo,
+  childProcesses, commandStats, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo,
   parseOptions, processBusy, root, round, runMain, targetsSection,
+  runStart,
 } from './lib.mjs';
 import { startClusterNodes, startWorker } from './fleet.mjs';
 
@@ -130,13 +130,7 @@ const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle'
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  delete process.env.REDIS_URL;
-  const startedAt = new Date();
-  const date = startedAt.toISOString().slice(0, 10);
-  const commandLine = ['node', path.relative(root, fileURLToPath(import.meta.url)), ...process.argv.slice(2)].join(' ');
-  const addon = addonInfo();
-  if (addon.build !== 'release') console.error(`WARNING: ${addon.file} is a ${addon.build ?? 'missing'} build; run npm run build (release) first`);
-  const loadBefore = os.loadavg();
+  const { startedAt, date, commandLine, addon, loadBefore } = runStart(import.meta.url);
 
   const kinds = ['standalone', 'cluster-1', 'cluster-3'];
   const deployments = {};

@@ -29,12 +29,12 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 
 import {
-  addonInfo, childProcesses, commandVersion, gitInfo, here, machineBusy, machineInfo, median, packageDir, parseInfo,
+  childProcesses, commandVersion, gitInfo, here, machineBusy, machineInfo, median, packageDir, parseInfo,
   parseOptions, pkgVersion, processBusy, root, round, runMain,
   nextMessage,
+  runStart,
 } from './lib.mjs';
 import { fanoutSvg } from './fanout-chart.mjs';
 import { startClusterNodes, startWorker as startFleetWorker } from './fleet.mjs';
@@ -258,13 +258,7 @@ function table(result, label) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  delete process.env.REDIS_URL;
-  const startedAt = new Date();
-  const date = startedAt.toISOString().slice(0, 10);
-  const commandLine = ['node', path.relative(root, fileURLToPath(import.meta.url)), ...process.argv.slice(2)].join(' ');
-  const addon = addonInfo();
-  if (addon.build !== 'release') console.error(`WARNING: ${addon.file} is a ${addon.build ?? 'missing'} build; run npm run build (release) first`);
-  const loadBefore = os.loadavg();
+  const { startedAt, date, commandLine, addon, loadBefore } = runStart(import.meta.url);
 
   const modes = [];
   const skipped = [];

@@ -282,6 +282,25 @@ export function childProcesses() {
   };
 }
 
+/**
+ * What a benchmark's results file records of its run, taken at its start: when, the command
+ * that produced it (`metaUrl`: the benchmark's import.meta.url), the addon it loads (with a
+ * warning when that is not a release build) and the load average before.
+ */
+export function runStart(metaUrl) {
+  delete process.env.REDIS_URL;
+  const startedAt = new Date();
+  const addon = addonInfo();
+  if (addon.build !== 'release') console.error(`WARNING: ${addon.file} is a ${addon.build ?? 'missing'} build; run npm run build (release) first`);
+  return {
+    startedAt,
+    date: startedAt.toISOString().slice(0, 10),
+    commandLine: ['node', path.relative(root, fileURLToPath(metaUrl)), ...process.argv.slice(2)].join(' '),
+    addon,
+    loadBefore: os.loadavg(),
+  };
+}
+
 /** Runs a benchmark's `main`: exit 0 when it is done; on failure print it, kill the children, exit 1. */
 export function runMain(main, children) {
   main().then(() => process.exit(0), (err) => {

@@ -39,13 +39,13 @@ import { fork } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
-  addonInfo, childProcesses, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo, parseOptions,
+  childProcesses, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo, parseOptions,
   root, round, runMain, spread,
   nextMessage,
+  runStart,
 } from './lib.mjs';
 
 function parseArgs(argv) {
@@ -231,13 +231,7 @@ async function main() {
     console.log(md);
     return;
   }
-  delete process.env.REDIS_URL;
-  const startedAt = new Date();
-  const date = startedAt.toISOString().slice(0, 10);
-  const commandLine = ['node', path.relative(root, fileURLToPath(import.meta.url)), ...process.argv.slice(2)].join(' ');
-  const addon = addonInfo();
-  if (addon.build !== 'release') console.error(`WARNING: ${addon.file} is a ${addon.build ?? 'missing'} build; run npm run build (release) first`);
-  const loadBefore = os.loadavg();
+  const { startedAt, date, commandLine, addon, loadBefore } = runStart(import.meta.url);
 
   const { startRedis } = await import('../__test__/helpers/redis.mjs');
   const args = ['--maxclients', '10000'];
