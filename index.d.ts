@@ -112,7 +112,7 @@ export interface RedisLockBackendInput {
   /**
    * Extension: replicas that must acknowledge (WAIT) a winning acquire and a renew before it
    * counts; default 0 (no WAIT). Too few: PROVIDER_FAILED with a retryable NOREPLICAS cause.
-   * Not with `cluster: true` (INVALID_OPTIONS). README.md, "Redis HA".
+   * With `cluster: true`, confirmed per node by a rewrite and WAIT in one pipeline. README.md, "Redis HA".
    */
   minReplicas?: number | undefined
   /**

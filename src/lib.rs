@@ -41,6 +41,6 @@ pub mod testing {
     pub use crate::events::TARGET as EVENT_TARGET;
     pub use crate::keys::KeyNames;
     pub use crate::notify::SubscriptionState;
-    pub use crate::replicas::Replicas;
+    pub use crate::replicas::{Claim, Replicas};
     pub use crate::scripts::RELEASE_KEYED_SOURCE;
 }

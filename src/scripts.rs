@@ -34,6 +34,9 @@ pub(crate) static RELEASE_KEYED: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("release_keyed", RELEASE_KEYED_SOURCE));
 pub(crate) static RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("renew", RENEW_SOURCE));
+/// Rewrites a lease that is still ours before a WAIT in a Cluster (decision 0142).
+pub(crate) static CONFIRM: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("confirm", CONFIRM_SOURCE));
 
 /// The acquire script this process runs: [`ACQUIRE`], unless a chaos mutant replaces it
 /// (only in a `chaos-mutants` build, see [`crate::mutants`]).
@@ -50,6 +53,7 @@ fn release(keyed: bool) -> &'static LuaScript {
 pub(crate) const ACQUIRE_SOURCE: &str = include_str!("scripts/acquire.lua");
 pub(crate) const RELEASE_SOURCE: &str = include_str!("scripts/release.lua");
 pub(crate) const RENEW_SOURCE: &str = include_str!("scripts/renew.lua");
+pub(crate) const CONFIRM_SOURCE: &str = include_str!("scripts/confirm.lua");
 /// The release script of per-key notifications.
 pub const RELEASE_KEYED_SOURCE: &str = include_str!("scripts/release_keyed.lua");
 

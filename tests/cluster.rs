@@ -719,3 +719,179 @@ async fn the_driver_runs_whole_on_a_cluster_as_the_least_privileged_user() {
         assert_eq!(log, "*0\r\n", "node {i}: ACL LOG has denials: {log}");
     }
 }
+
+/// A node started like the Cluster's and made a replica of master `master`, once it synced.
+fn add_replica(cluster: &mut Cluster, master: usize, extra: &[&str]) -> usize {
+    let bus_port = free_port();
+    let mut args = vec!["--cluster-enabled", "yes", "--cluster-port", &bus_port];
+    args.extend_from_slice(extra);
+    let node = RedisServer::start_with_args(&args);
+    let master_id = cluster.node_id(master);
+    // The master meets the new node: the bus ports are not port + 10000 here.
+    let new_port = node.port.to_string();
+    cluster.nodes[master].command(&["CLUSTER", "MEET", "127.0.0.1", &new_port, &bus_port]);
+    let end = Instant::now() + Duration::from_secs(20);
+    while !node.command(&["CLUSTER", "NODES"]).contains(&master_id) {
+        assert!(Instant::now() < end, "the new node did not learn the master");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    node.command(&["CLUSTER", "REPLICATE", &master_id]);
+    let port = node.port;
+    cluster.nodes.push(node);
+    while replicas_of(&cluster.nodes[master]).len() < 2 {
+        assert!(Instant::now() < end, "the new replica did not sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.nodes.iter().position(|n| n.port == port).unwrap()
+}
+
+/// The ports of a master's online replicas, from its `INFO replication`.
+fn replicas_of(master: &RedisServer) -> Vec<u16> {
+    master
+        .command(&["INFO", "replication"])
+        .lines()
+        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+        .filter_map(|l| l.split(',').find_map(|f| f.strip_prefix("port=")))
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Issue 23 item 2: with `minReplicas: 1` a lease is handed out only once a replica of its
+/// shard has it, so when the URL's node dies with replicas that lag, the replica promoted
+/// draws no fence at or below one handed out before (decision 0142). With `minReplicas: 0`
+/// this test fails: the acquire during the lag is handed out, its fence is lost with the
+/// master, and the new master draws the same fence again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_1_a_shard_failover_after_replicas_lagged_hands_out_no_smaller_fence() {
+    let extra = ["--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0"];
+    let mut cluster = tokio::task::spawn_blocking(move || {
+        let mut cluster = Cluster::start_nodes(6, &extra);
+        add_replica(&mut cluster, 0, &extra);
+        cluster
+    })
+    .await
+    .unwrap();
+    let key = key_per_master(&cluster, "fence-failover")[0].clone();
+    let conn = connection(cluster.nodes[0].url(), &[("cluster", Raw::Bool(true))]);
+    let d = driver(conn, "fence-failover", &[("minReplicas", 1.0), ("leaseMs", 60_000.0)]);
+
+    // Handed out: each one's fence and lease were on a replica of node 0 first.
+    let mut handed_out = Vec::new();
+    for _ in 0..3 {
+        let lease = d.acquire(&key, Some(0), CancellationToken::new()).await.unwrap();
+        handed_out.push(lease.fence.parse::<u128>().unwrap());
+        d.renew(&lease).await.expect("a renew a replica acknowledged");
+        assert!(d.release(&lease).await.unwrap());
+    }
+    // The releases on the replicas too, so the key is free after the failover.
+    let replicas: Vec<usize> = replicas_of(&cluster.nodes[0])
+        .iter()
+        .map(|port| cluster.nodes.iter().position(|n| n.port == *port).unwrap())
+        .collect();
+    assert_eq!(replicas.len(), 2, "node 0 has two replicas");
+    assert!(cluster.nodes[0].command(&["WAIT", "2", "5000"]).starts_with(":2"));
+
+    // Both replicas fall behind: stopped, and cut off, so what node 0 writes now never
+    // reaches them (a stopped replica would still read what its socket buffered). The
+    // acquire wins on node 0, and no replica acknowledges it.
+    for &r in &replicas {
+        cluster.nodes[r].pause();
+    }
+    cluster.nodes[0].command(&["CLIENT", "KILL", "TYPE", "replica"]);
+    assert!(replicas_of(&cluster.nodes[0]).is_empty(), "node 0 has no replica connected");
+    let err =
+        d.acquire(&key, Some(0), CancellationToken::new()).await.expect_err("no replica has it");
+    assert_eq!(err.code, dokebi_lock_redis::LockErrorCode::ProviderFailed, "{err:?}");
+    let cause = err.cause.as_ref().expect("a RedisError cause");
+    assert_eq!(cause.server_code.as_deref(), Some("NOREPLICAS"), "{err:?}");
+    let lock = dokebi_lock_redis::testing::KeyNames::new("fence-failover", &key);
+    let drawn: u128 =
+        cluster.nodes[0].command(&["GET", &lock.fence]).lines().nth(1).unwrap().parse().unwrap();
+    assert!(drawn > *handed_out.last().unwrap(), "node 0 drew a fence it did not hand out");
+
+    // Node 0, the URL's node, dies with that write; a lagging replica takes over.
+    cluster.nodes[0].kill();
+    for &r in &replicas {
+        cluster.nodes[r].resume();
+    }
+    let end = Instant::now() + Duration::from_secs(50);
+    while cluster.try_owner(&lock.lock, &[0]).is_none()
+        || !cluster.nodes[1].command(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+    {
+        assert!(Instant::now() < end, "no replica took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The new master's other replica follows it; then the lock is handed out again, with a
+    // fence above every one handed out before.
+    let after = loop {
+        match d.acquire(&key, Some(0), CancellationToken::new()).await {
+            Ok(lease) => break lease,
+            Err(e) => assert!(Instant::now() < end, "no acquire after the failover: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let fence: u128 = after.fence.parse().unwrap();
+    assert!(
+        handed_out.iter().all(|before| fence > *before),
+        "fence {fence} after the failover, {handed_out:?} handed out before"
+    );
+    assert!(d.release(&after).await.unwrap());
+    d.shutdown().await.unwrap();
+}
+
+/// Decision 0142: in a Cluster the WAITs of writes to one node share rounds as on a single
+/// node (decision 0027), whatever their slots, so commands behind a WAIT wait for one round
+/// at most. Ten winners on ten slots of node 0, its replica stopped: the first round's WAIT
+/// blocks for replicaTimeoutMs, the other nine join the next round, and node 0 runs two
+/// WAITs (three if a winner straggles past the first), not ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_winners_on_many_slots_of_one_node_share_its_wait_rounds() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start_nodes(6, &["--cluster-node-timeout", "1000"])
+    })
+    .await
+    .unwrap();
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("slot-{i}"))
+        .filter(|key| {
+            let lock = dokebi_lock_redis::testing::KeyNames::new("rounds", key).lock;
+            cluster.owner(&lock) == 0
+        })
+        .scan(std::collections::HashSet::new(), |slots, key| {
+            let lock = dokebi_lock_redis::testing::KeyNames::new("rounds", &key).lock;
+            Some(slots.insert(slot_of(&cluster.nodes[0], &lock)).then_some(key))
+        })
+        .flatten()
+        .take(10)
+        .collect();
+    let conn = connection(cluster.nodes[0].url(), &[("cluster", Raw::Bool(true))]);
+    let d = driver(conn, "rounds", &[("minReplicas", 1.0)]);
+    eventually("node 0's replica in sync", Duration::from_secs(15), || {
+        cluster.nodes[0].command(&["WAIT", "1", "500"]).starts_with(":1")
+    })
+    .await;
+    // Connected, slot map learned, and a round that passes while the replica runs.
+    let lease = d.acquire(&keys[0], Some(0), CancellationToken::new()).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    cluster.nodes[0].command(&["CONFIG", "RESETSTAT"]);
+    let replica = replicas_of(&cluster.nodes[0])[0];
+    let replica = cluster.nodes.iter().find(|n| n.port == replica).unwrap();
+    replica.pause();
+    let attempts = keys.iter().map(|key| d.acquire(key, Some(0), CancellationToken::new()));
+    for result in futures::future::join_all(attempts).await {
+        let err = result.expect_err("no replica acknowledges");
+        let cause = err.cause.as_ref().expect("a RedisError cause");
+        assert_eq!(cause.server_code.as_deref(), Some("NOREPLICAS"), "{err:?}");
+    }
+    replica.resume();
+    let stats = cluster.nodes[0].command(&["INFO", "commandstats"]);
+    let waits: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=3).contains(&waits), "node 0 ran {waits} WAITs for 10 winners");
+    d.shutdown().await.unwrap();
+}

@@ -232,25 +232,6 @@ async fn winners_share_one_wait_so_an_unrelated_release_waits_behind_one_wait_at
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn min_replicas_with_a_cluster_connection_is_invalid_options() {
-    let connection = common::connection(
-        "redis://127.0.0.1:1",
-        &[("cluster", dokebi_lock_redis::Raw::Bool(true))],
-    );
-    let backend = dokebi_lock_redis::parse_backend(&dokebi_lock_redis::Raw::Object(vec![
-        ("driver".into(), dokebi_lock_redis::Raw::String("redis".into())),
-        ("connection".into(), dokebi_lock_redis::Raw::String("main".into())),
-        ("namespace".into(), dokebi_lock_redis::Raw::String("c".into())),
-        ("minReplicas".into(), dokebi_lock_redis::Raw::Number(1.0)),
-    ]))
-    .unwrap();
-    let options = dokebi_lock_redis::parse_connection(&connection).unwrap();
-    let err = Driver::new(&options, backend).err().expect("rejected");
-    assert_eq!(err.code, LockErrorCode::InvalidOptions);
-    assert!(err.message.contains("minReplicas"), "{}", err.message);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_own_noreplicas_refusal_reads_the_same_and_writes_nothing() {
     if support::external() {
         return;
@@ -410,8 +391,12 @@ async fn after_a_wait_stalls_past_our_limit_the_next_round_is_not_sent_on_the_sa
     link.command_on(&conn, &write).await.unwrap();
     replica.pause();
     // Two writes confirmed at once: the first sends a WAIT, the second joins the round after it.
-    let first = replicas.confirm(&link, &conn);
-    let second = replicas.confirm(&link, &conn);
+    let claim = || {
+        let keys = dokebi_lock_redis::testing::KeyNames::new("rounds", "written");
+        dokebi_lock_redis::testing::Claim::of(&keys, "token")
+    };
+    let first = replicas.confirm(&link, &conn, claim());
+    let second = replicas.confirm(&link, &conn, claim());
     let both = async { tokio::join!(first, second) };
     tokio::pin!(both);
     tokio::select! {

@@ -59,11 +59,9 @@ describe('minReplicas', { skip }, () => {
     await replica.resume();
   });
 
-  test('minReplicas with a cluster connection is INVALID_OPTIONS', () => {
-    assert.throws(
-      () => createRedisLockDriver({ url: 'redis://127.0.0.1:1', cluster: true }, backend('c', { minReplicas: 1 })),
-      (err) => err.code === 'INVALID_OPTIONS' && err.message.includes('minReplicas'),
-    );
+  test('minReplicas with a cluster connection is accepted (decision 0142)', () => {
+    const d = createRedisLockDriver({ url: 'redis://127.0.0.1:1', cluster: true }, backend('c', { minReplicas: 1 }));
+    return d.shutdown();
   });
 
   test('with minReplicas, a replicaTimeoutMs not below commandTimeoutMs is INVALID_OPTIONS naming both, never a value (decision 0130)', () => {

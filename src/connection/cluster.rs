@@ -75,6 +75,9 @@ pub(crate) struct ClusterNodes {
     seeds: Vec<ConnectionInfo>,
     /// `host:port` of every node learned from the Cluster's slot map since.
     learned: Mutex<Vec<(String, u16)>>,
+    /// Which master served which slots when the map was last learned: `(first, last,
+    /// host:port)`. Only groups WAITs by node (decision 0142); redis-rs routes by its own map.
+    masters: Mutex<Vec<(u16, u16, String)>>,
     last_learned: Mutex<Option<Instant>>,
     tls: Option<TlsOptions>,
     connect_timeout: Duration,
@@ -98,6 +101,7 @@ impl ClusterNodes {
         let nodes = Self {
             seeds,
             learned: Mutex::new(Vec::new()),
+            masters: Mutex::new(Vec::new()),
             last_learned: Mutex::new(None),
             tls: tls.cloned(),
             connect_timeout,
@@ -194,6 +198,10 @@ impl ClusterNodes {
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
         );
         if let Ok(Ok(reply)) = tokio::time::timeout(self.connect_timeout, asked).await {
+            let masters = masters_of_slots(&reply);
+            if !masters.is_empty() {
+                *crate::sync::lock(&self.masters) = masters;
+            }
             let found = nodes_in_slots(&reply);
             if !found.is_empty() {
                 let mut learned = crate::sync::lock(&self.learned);
@@ -208,6 +216,40 @@ impl ClusterNodes {
             }
         }
     }
+}
+
+impl ClusterNodes {
+    /// `host:port` of the master that served `slot` when the slot map was last learned.
+    pub(super) fn master_of(&self, slot: u16) -> Option<String> {
+        let masters = crate::sync::lock(&self.masters);
+        masters
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|m| m.2.clone())
+    }
+}
+
+/// The Cluster slot of a key whose hash tag holds `tag` (redis-rs's CRC16, XMODEM).
+pub(crate) fn slot_of_tag(tag: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
+}
+
+/// `(first, last, host:port)` of each slot range's master in a `CLUSTER SLOTS` reply.
+fn masters_of_slots(reply: &Value) -> Vec<(u16, u16, String)> {
+    let Value::Array(ranges) = reply else { return Vec::new() };
+    let slot = |v: Option<&Value>| match v {
+        Some(Value::Int(n)) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(parts) = range else { return None };
+            let (first, last) = (slot(parts.first())?, slot(parts.get(1))?);
+            let master = nodes_in_slots(&Value::Array(vec![range.clone()])).into_iter().next()?;
+            Some((first, last, format!("{}:{}", master.0, master.1)))
+        })
+        .collect()
 }
 
 /// `host:port` of each node in a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id…],
@@ -276,6 +318,28 @@ mod tests {
             ]
         );
         assert!(nodes_in_slots(&Value::Nil).is_empty());
+        assert_eq!(
+            masters_of_slots(&reply),
+            [
+                (0, 5460, "10.0.0.1:7000".to_owned()),
+                (5461, 10922, "10.0.0.2:7001".to_owned()),
+                (10923, 16383, "10.0.0.1:7000".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_keys_slot_is_the_one_redis_gives_its_hash_tag() {
+        // CLUSTER KEYSLOT answers, on Redis 7.0: "{123456789}" -> 12739, "x{foo}y" -> 12182.
+        assert_eq!(slot_of_tag("123456789"), 12739);
+        assert_eq!(slot_of_tag("foo"), 12182);
+        let nodes =
+            ClusterNodes::new(&["redis://h1:7000".to_owned()], None, Duration::from_secs(1))
+                .unwrap();
+        assert_eq!(nodes.master_of(12182), None, "nothing learned yet");
+        *nodes.masters.lock().unwrap() = vec![(0, 8191, "a:1".into()), (8192, 16383, "b:2".into())];
+        assert_eq!(nodes.master_of(8191).as_deref(), Some("a:1"));
+        assert_eq!(nodes.master_of(12182).as_deref(), Some("b:2"));
     }
 
     #[test]

@@ -398,6 +398,17 @@ impl RedisLink {
         }
     }
 
+    /// Which WAITs may share a round (issue 11, decision 0142): on a single node, every write
+    /// of `conn`; in a Cluster, the writes to keys whose slot (of hash tag `tag`) the same
+    /// master served when the slot map was last learned, or to that slot alone before then.
+    pub(crate) fn replica_group(&self, conn: &Conn, tag: &str) -> Option<String> {
+        let (Target::Cluster(nodes), Handle::Cluster(_)) = (&self.target, &conn.inner) else {
+            return None;
+        };
+        let slot = cluster::slot_of_tag(tag);
+        Some(nodes.master_of(slot).unwrap_or_else(|| format!("slot {slot}")))
+    }
+
     fn drop_shared(&self, conn: &Conn) {
         let mut state = self.state();
         if matches!(&*state, State::Connected(c) if c.generation == conn.generation) {

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::aio::ConnectionLike;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
 
 use super::{Conn, Handle, RedisLink, Target};
@@ -81,6 +83,38 @@ impl RedisLink {
     pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
         self.refuse_if_stale(conn)?;
         let reply = send(&mut conn.inner.clone(), cmd).await;
+        if matches!(&reply, Err(f) if !f.surely_not_applied()) {
+            self.forget(conn);
+        }
+        reply
+    }
+
+    /// Sends `pipe` on `conn` itself, in one write to one node connection: in a Cluster, to
+    /// the primary of `route_key`'s slot, and its commands are not routed one by one (a key
+    /// of another node answers MOVED). Not timed, like `command_on`.
+    pub async fn pipeline_on(
+        &self,
+        conn: &Conn,
+        pipe: &redis::Pipeline,
+        count: usize,
+        route_key: &str,
+    ) -> Result<Vec<Value>, RedisFailure> {
+        self.refuse_if_stale(conn)?;
+        let reply = match conn.inner.clone() {
+            Handle::Single(mut single) => single.req_packed_commands(pipe, 0, count).await,
+            Handle::Cluster(mut cluster) => {
+                let route = Route::with_key(route_key, SlotAddr::Master);
+                cluster
+                    .route_pipeline(
+                        pipe.clone(),
+                        0,
+                        count,
+                        SingleNodeRoutingInfo::SpecificNode(route),
+                    )
+                    .await
+            }
+        }
+        .map_err(|e| RedisFailure::command(&e));
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
             self.forget(conn);
         }

@@ -14,6 +14,7 @@ use crate::connection::{Conn, ScriptCall};
 use crate::error::{Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::{key_expiry, new_token, Lease};
+use crate::replicas::Claim;
 use crate::scripts::{self, AcquireReply};
 
 /// What one acquire attempt came to.
@@ -106,7 +107,8 @@ impl Driver {
     /// (decision 0026). A lease that is not handed over for other reasons is cleaned up by
     /// the caller.
     async fn won(&self, conn: &Conn, lease: Lease) -> Attempt {
-        match self.inner.replicas.confirm(&self.inner.link, conn).await {
+        let claim = Claim::of(&lease.keys, &lease.token);
+        match self.inner.replicas.confirm(&self.inner.link, conn, claim).await {
             Ok(()) => Attempt::Acquired(Arc::new(lease)),
             Err(failure) => {
                 self.spawn_cleanup(lease.keys.clone(), lease.token.clone(), lease.latest_expiry());

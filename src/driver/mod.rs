@@ -22,7 +22,7 @@ use crate::keys::{self, KeyLayout};
 use crate::lease::{Lease, NotExtended, Refused, Registry};
 use crate::notify::Notifications;
 use crate::options::{BackendOptions, ConnectionOptions};
-use crate::replicas::Replicas;
+use crate::replicas::{Claim, Replicas};
 use crate::scripts::{self, ReleaseChannels, ReleaseReply};
 use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, Lines};
@@ -69,20 +69,13 @@ impl WeakDriver {
 }
 
 impl Driver {
-    /// Checks only the rules across both arguments (`options::check_together`, minReplicas
-    /// with a Cluster): pass options from [`crate::parse_connection`] and
+    /// Checks only the rules across both arguments (`options::check_together`): pass
+    /// options from [`crate::parse_connection`] and
     /// [`crate::parse_backend`]. Connects lazily.
     pub fn new(connection: &ConnectionOptions, options: BackendOptions) -> Result<Self, LockError> {
         crate::options::check_together(connection, &options)?;
         let id = NEXT_DRIVER_ID.fetch_add(1, Ordering::Relaxed);
         let link = RedisLink::new(connection, id)?;
-        // A Cluster cannot promise WAIT runs on the node connection that wrote (decision 0025).
-        if options.min_replicas > 0 && connection.cluster {
-            return Err(LockError::new(
-                LockErrorCode::InvalidOptions,
-                "options.minReplicas needs a single Redis, not connection.cluster",
-            ));
-        }
         let replicas = Replicas::new(&options, link.command_timeout);
         let release_channels =
             ReleaseChannels::new(&options.namespace, options.notifications, connection.cluster);
@@ -350,7 +343,9 @@ impl Driver {
             // The extension counts once minReplicas replicas have it; until then the lease
             // keeps its old deadline, which every replica agrees with (decision 0027). Redis
             // did extend the key, so cleanup must go on until the new latest expiry.
-            if let Err(failure) = self.inner.replicas.confirm(&self.inner.link, &conn).await {
+            let claim = Claim::of(&lease.keys, &lease.token);
+            if let Err(failure) = self.inner.replicas.confirm(&self.inner.link, &conn, claim).await
+            {
                 lease.may_have_written(answered);
                 return Err(LockError::from_redis(failure));
             }
