@@ -350,3 +350,17 @@ describe('process exit with signals and keep-alive', () => {
     assert.ok(pttl > 0, `PTTL ${pttl}: left to its TTL`);
   });
 });
+
+describe('examples/18-lease-signal', () => {
+  test('runs against a throwaway Redis: fetch, a child process and a timer stop with the lease; renewals outlast a blocked thread', async () => {
+    const { execFile } = await import('node:child_process');
+    const { promisify } = await import('node:util');
+    const example = new URL('../examples/18-lease-signal/index.mjs', import.meta.url);
+    const { stdout } = await promisify(execFile)(process.execPath, [example.pathname], { env: { ...process.env, REDIS_URL: redis.url }, timeout: 30_000 });
+    assert.match(stdout, /^fetch stopped: LockError LEASE_EXPIRED after \d+ ms \(lease valid: false\)$/m);
+    assert.match(stdout, /^child stopped: AbortError, reason LEASE_EXPIRED$/m);
+    assert.match(stdout, /^child exited by SIGTERM$/m);
+    assert.match(stdout, /^timer stopped: job deadline TimeoutError$/m);
+    assert.match(stdout, /^after blocking 1500 ms: valid true, aborted false$/m);
+  });
+});
