@@ -88,8 +88,10 @@ describe('lease.signal', () => {
     for (const read of ['valid', 'remainingMs', 'signal']) {
       const lease = await d.acquire(`k-${read}`);
       const { signal } = lease;
-      // The deadline timer cannot run while the thread is blocked.
-      while (lease.valid) block(5);
+      // The deadline (100 ms from the acquire's submission) passes while the thread is
+      // blocked, so the deadline timer cannot run; only the read below can abort the signal.
+      block(250);
+      assert.equal(signal.aborted, false, 'nothing ran while the thread was blocked');
       if (read === 'valid') assert.equal(lease.valid, false);
       if (read === 'remainingMs') assert.equal(lease.remainingMs, 0);
       if (read === 'signal') assert.equal(lease.signal, signal);
@@ -189,12 +191,12 @@ describe('lease.keepAlive', () => {
   });
 
   test('keeps the lease past leaseMs and stops at release()', async (t) => {
-    const d = driverFor(t, uniqueNamespace('ka-renews'), { leaseMs: 200 });
+    const d = driverFor(t, uniqueNamespace('ka-renews'), { leaseMs: 1000 });
     const lease = await d.acquire('k');
-    lease.keepAlive({ maxHoldMs: 60_000, everyMs: 50 });
+    lease.keepAlive({ maxHoldMs: 60_000, everyMs: 100 });
     const calls = await scriptCalls(redis);
-    // Several renewals (each a script call): the lease outlives leaseMs by far.
-    await eventually('renewals', async () => (await scriptCalls(redis)) >= calls + 6, { timeoutMs: 10_000 });
+    // Twelve renewals (each a script call) take 1.2 s: the lease outlives leaseMs.
+    await eventually('renewals', async () => (await scriptCalls(redis)) >= calls + 12, { timeoutMs: 20_000 });
     assert.equal(lease.valid, true);
     assert.equal(lease.signal.aborted, false);
     await lease.release();
@@ -204,10 +206,10 @@ describe('lease.keepAlive', () => {
   });
 
   test('stops maxHoldMs after the call: the lease then runs out at its deadline (LEASE_EXPIRED)', async (t) => {
-    const d = driverFor(t, uniqueNamespace('ka-max-hold'), { leaseMs: 200 });
+    const d = driverFor(t, uniqueNamespace('ka-max-hold'), { leaseMs: 500 });
     const lease = await d.acquire('k');
     const { signal } = lease;
-    lease.keepAlive({ maxHoldMs: 300, everyMs: 50 });
+    lease.keepAlive({ maxHoldMs: 600, everyMs: 100 });
     assertReason(await within(10_000, aborted(signal), 'the end after maxHoldMs'), 'LEASE_EXPIRED');
     assert.equal(signal.reason.message, "the lease's local deadline passed");
     assert.equal(lease.valid, false);
@@ -255,7 +257,8 @@ describe('lease.keepAlive', () => {
 
   test('a JS thread blocked for longer than leaseMs does not lose the lease to a process waiting for it', async (t) => {
     const ns = uniqueNamespace('ka-blocked');
-    const leaseMs = 300;
+    // A renewal has leaseMs - everyMs = 500 ms to come back, ~100× a round trip here.
+    const leaseMs = 600;
     const d = driverFor(t, ns, { leaseMs });
     const lease = await d.acquire('k');
     lease.keepAlive({ maxHoldMs: 60_000, everyMs: 100 });
@@ -278,8 +281,8 @@ describe('lease.keepAlive', () => {
     child.stdout.on('data', (chunk) => { out += chunk; });
     await eventually('the other process to find the key busy', () => out.includes('first '), { timeoutMs: 20_000 });
     assert.match(out, /first LOCK_BUSY/);
-    // The other process is waiting now. Block this thread for 5 × leaseMs.
-    block(5 * leaseMs);
+    // The other process is waiting now. Block this thread for 4 × leaseMs.
+    block(4 * leaseMs);
     assert.equal(lease.valid, true, 'still valid after the blocked stretch');
     assert.equal(lease.signal.aborted, false);
     await lease.renew(); // Redis still holds our token: nobody took the key in between
