@@ -173,6 +173,29 @@ export interface Lease extends AsyncDisposable {
   release(): Promise<boolean>
   /** Extends to leaseMs from the renew's submission. LEASE_EXPIRED / LEASE_LOST when it cannot. */
   renew(): Promise<void>
+  /**
+   * Aborted the moment `valid` turns false, for any reason; `reason` is a `LockError`:
+   * LEASE_EXPIRED (the local deadline passed, or `release()` was called), LEASE_LOST (a renew
+   * found another owner or none), OUTCOME_UNKNOWN (a renew whose outcome is unknown),
+   * SHUT_DOWN (shutdown released it), or the error of the keep-alive renewal that failed.
+   * Made at its first read: a lease whose signal is never read pays nothing for it.
+   */
+  readonly signal: AbortSignal
+  /**
+   * Renews on the addon's threads every `everyMs` (default leaseMs / 3) with `renew()`'s
+   * rules, until `release()`, shutdown, the first failed renewal (the lease ends and `signal`
+   * aborts with its error) or `maxHoldMs` after this call (then the lease runs out at its
+   * deadline). A second call replaces the first. Throws INVALID_OPTIONS on bad values,
+   * LEASE_EXPIRED on a lease that is no longer valid.
+   */
+  keepAlive(options: KeepAliveOptions): void
+}
+
+export interface KeepAliveOptions {
+  /** Required, integer ≥ 1: renewals stop this long after the call. */
+  maxHoldMs: number
+  /** Integer, 1 ≤ everyMs < leaseMs; default leaseMs / 3 rounded down. */
+  everyMs?: number
 }
 
 /** `await using backend = createRedisLockDriver(…)` calls `shutdown()` at the end of the block. */

@@ -94,12 +94,31 @@ function logAdapter(logger) {
   }
 }
 
+// Each backend's leases whose `signal` was read and has not aborted yet, by id: the native
+// listener (one per backend, set at the first read) wakes them (decision 0151).
+const watchedOf = new WeakMap()
+
+function watchedLeases(backend) {
+  let watched = watchedOf.get(backend)
+  if (watched === undefined) {
+    watched = new Map()
+    watchedOf.set(backend, watched)
+    // Weak on the native side: it never keeps the process alive.
+    backend.setLeaseListener((id) => watched.get(id)?.())
+  }
+  return watched
+}
+
 // The native side hands a lease over as `{ id, fence }`; its calls go to the backend by id.
 class Lease {
   #backend
   #id
   #key
   #namespace
+  #released = false
+  // Made at the first read of `signal`, not before: a caller who never reads it pays nothing.
+  #controller
+  #timer
   constructor(key, namespace, backend, nativeLease) {
     this.#key = key
     this.#namespace = namespace
@@ -111,17 +130,74 @@ class Lease {
     return this.#key
   }
   get valid() {
-    return this.#backend.leaseValid(this.#id)
+    const valid = this.#backend.leaseValid(this.#id)
+    // `valid` and `signal` agree at every read: a deadline timer that is late does not
+    // leave the signal behind.
+    if (!valid && this.#controller !== undefined) this.#check()
+    return valid
   }
   get remainingMs() {
-    return this.#backend.leaseRemainingMs(this.#id)
+    const ms = this.#backend.leaseRemainingMs(this.#id)
+    if (ms === 0 && this.#controller !== undefined) this.#check()
+    return ms
+  }
+  // Aborted the moment the lease stops being valid; `reason` is a LockError saying why.
+  get signal() {
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController()
+      // The listener first (once per backend), then the watch, so no end falls between.
+      const watched = watchedLeases(this.#backend)
+      const ended = this.#backend.watchLease(this.#id)
+      if (ended !== null) this.#abort(ended)
+      else {
+        watched.set(this.#id, () => this.#check())
+        this.#arm()
+      }
+    } else if (!this.#controller.signal.aborted) this.#check()
+    return this.#controller.signal
+  }
+  // Asks the native lease whether it ended, and aborts the signal if so; else the deadline
+  // timer waits for the (maybe renewed) deadline.
+  #check() {
+    if (this.#controller.signal.aborted) return
+    const ended = this.#backend.leaseEnded(this.#id)
+    if (ended !== null) this.#abort(ended)
+    else this.#arm()
+  }
+  #arm() {
+    clearTimeout(this.#timer)
+    // Unref'd: a lease's signal never keeps the process alive. Renewals move the deadline
+    // on; the timer then finds the lease valid and waits again.
+    this.#timer = setTimeout(() => this.#check(), this.#backend.leaseRemainingMs(this.#id))
+    this.#timer.unref()
+  }
+  #abort(ended) {
+    clearTimeout(this.#timer)
+    this.#timer = undefined
+    watchedOf.get(this.#backend)?.delete(this.#id)
+    // `false`: the backend no longer tracks it, released by release() or by shutdown.
+    const reason =
+      ended !== false
+        ? toLockError(ended)
+        : this.#released
+          ? new LockError(LockErrorCode.LEASE_EXPIRED, 'the lease was released')
+          : new LockError(LockErrorCode.SHUT_DOWN, 'shutdown released the lease')
+    this.#controller.abort(reason)
+  }
+  keepAlive(options) {
+    const failed = this.#backend.keepAlive(this.#id, options)
+    if (failed) throw toLockError(failed)
   }
   release() {
+    this.#released = true
     if (!channels.release.hasSubscribers) return this.#release()
     return channels.release.tracePromise(this.#release, { key: this.#key, namespace: this.#namespace, lease: this }, this)
   }
   async #release() {
-    const released = await this.#backend.release(this.#id)
+    const releasing = this.#backend.release(this.#id)
+    // Invalid from the call on: the signal aborts now, not when Redis answers.
+    if (this.#controller !== undefined) this.#check()
+    const released = await releasing
     if (typeof released === 'boolean') return released
     throw toLockError(released)
   }
@@ -131,6 +207,7 @@ class Lease {
   }
   async #renew() {
     const failed = await this.#backend.renew(this.#id)
+    if (this.#controller !== undefined) this.#check()
     if (failed) throw toLockError(failed)
   }
   // `await using`: release by token unless already released. `false` (no longer ours:

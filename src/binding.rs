@@ -9,15 +9,17 @@
 #![allow(unreachable_pub)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{JsString, ValueType};
 use napi_derive::napi;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::Driver;
 use crate::error::{LockError, LockErrorCode, RedisFailure};
+use crate::lease::{Ended, Watcher};
 use crate::options::{self, Raw};
 
 mod logging;
@@ -225,7 +227,14 @@ impl CancelToken {
 #[napi]
 pub struct NativeDriver {
     driver: Driver,
+    /// Set by index.js at the first read of a lease's `signal` (decision 0151): nothing
+    /// crosses back to JS for leases whose signal nobody reads.
+    watcher: OnceLock<Watcher>,
 }
+
+/// Called with a lease's id when it ends for a cause other than its deadline (a renew or
+/// keep-alive renewal failed, shutdown released it). Weak: it never keeps the process alive.
+pub type LeaseEndedFn = ThreadsafeFunction<i64, (), i64, Status, false, true>;
 
 #[napi]
 pub fn create_driver(
@@ -268,7 +277,7 @@ pub fn create_driver(
             }
         })?;
     }
-    Ok(Either::A(NativeDriver { driver }))
+    Ok(Either::A(NativeDriver { driver, watcher: OnceLock::new() }))
 }
 
 fn key_units(key: &Unknown) -> Result<Option<Vec<u16>>> {
@@ -400,6 +409,17 @@ pub struct NativeLease {
     pub fence: String,
 }
 
+/// How a lease's end crosses to index.js: null while valid, a `NativeError` (the signal's
+/// reason) once ended, `false` when the backend no longer tracks it (released by
+/// `release()` or by shutdown: index.js knows whether `release()` was called).
+fn ended_to_js(ended: Option<Option<Ended>>) -> Option<Either<NativeError, bool>> {
+    match ended {
+        Some(None) => None,
+        Some(Some(ended)) => Some(Either::A(ended.to_error().into())),
+        None => Some(Either::B(false)),
+    }
+}
+
 /// The calls on a lease, by its id. A lease this backend no longer tracks was released
 /// (by `release()` or shutdown): not valid, nothing left, `release()` false.
 #[napi]
@@ -412,6 +432,46 @@ impl NativeDriver {
     #[napi]
     pub fn lease_remaining_ms(&self, id: i64) -> f64 {
         self.driver.lease(id as u64).map_or(0.0, |lease| lease.remaining_ms() as f64)
+    }
+
+    /// Why the lease ended (see `ended_to_js`).
+    #[napi(ts_return_type = "NativeError | false | null")]
+    pub fn lease_ended(&self, id: i64) -> Option<Either<NativeError, bool>> {
+        ended_to_js(self.driver.lease_ended(id as u64))
+    }
+
+    /// Registers the listener `watch_lease` tells; index.js calls it once per backend, at
+    /// the first read of any lease's `signal`.
+    #[napi]
+    pub fn set_lease_listener(&self, listener: LeaseEndedFn) {
+        let listener = Arc::new(listener);
+        let _ = self.watcher.set(Arc::new(move |id| {
+            let _ = listener.call(id as i64, ThreadsafeFunctionCallMode::NonBlocking);
+        }));
+    }
+
+    /// The first read of a lease's `signal`: from now on the listener hears when it ends,
+    /// and this answers as `lease_ended` does.
+    #[napi(ts_return_type = "NativeError | false | null")]
+    pub fn watch_lease(&self, id: i64) -> Option<Either<NativeError, bool>> {
+        match self.watcher.get() {
+            Some(watcher) => ended_to_js(self.driver.watch_lease(id as u64, watcher.clone())),
+            None => ended_to_js(self.driver.lease_ended(id as u64)),
+        }
+    }
+
+    /// `lease.keepAlive(options)`: the renewals run on the runtime; null when they started,
+    /// else the error (INVALID_OPTIONS, LEASE_EXPIRED).
+    #[napi]
+    pub fn keep_alive(&self, id: i64, options: Unknown) -> Result<Option<NativeError>> {
+        let options = to_raw(&options, 0)?;
+        Ok(match self.driver.keep_alive_by_id(id as u64, &options) {
+            Ok(renewing) => {
+                runtime().spawn(renewing);
+                None
+            }
+            Err(e) => Some(e.into()),
+        })
     }
 
     #[napi(ts_return_type = "Promise<boolean | NativeError>")]

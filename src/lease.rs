@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{LockError, LockErrorCode};
 use crate::keys::KeyNames;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,13 +42,66 @@ pub struct Lease {
     inner: Mutex<Times>,
 }
 
-#[derive(Clone, Copy)]
+/// Told the lease's id once when it stops being valid for a cause other than its deadline
+/// passing (the binding wakes the lease's `signal` with it). Plain Rust: the binding wraps
+/// its threadsafe function in one.
+pub type Watcher = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Why a lease is no longer valid: the first cause wins, and a lease whose deadline had
+/// passed before any other cause ended by its deadline.
+#[derive(Debug, Clone)]
+pub enum Ended {
+    /// The local deadline passed (also: a renew confirmed only after it).
+    Expired,
+    /// `release()` was called.
+    Released,
+    /// Shutdown released it.
+    ShutDown,
+    /// A renew, a keep-alive renewal or a failover ended it with this error.
+    Failed(LockError),
+}
+
+impl Ended {
+    /// The `LockError` the lease's signal carries as its reason.
+    pub fn to_error(&self) -> LockError {
+        match self {
+            Ended::Expired => {
+                LockError::new(LockErrorCode::LeaseExpired, "the lease's local deadline passed")
+            }
+            Ended::Released => {
+                LockError::new(LockErrorCode::LeaseExpired, "the lease was released")
+            }
+            Ended::ShutDown => {
+                LockError::new(LockErrorCode::ShutDown, "shutdown released the lease")
+            }
+            Ended::Failed(err) => err.clone(),
+        }
+    }
+}
+
 struct Times {
     state: State,
     /// The earliest moment Redis may expire the key: valid until then.
     deadline: Instant,
     /// The latest moment Redis may still hold the key: cleanup by token ends there.
     latest: Instant,
+    /// Why it ended, once it left `Held` (a deadline that merely passed is not stored).
+    ended: Option<Ended>,
+    /// Told when it ends (set once its signal is read).
+    watcher: Option<Watcher>,
+    /// Stops the keep-alive running for it, if any.
+    keep_alive: Option<CancellationToken>,
+}
+
+impl Times {
+    /// Why it is no longer valid at `now`; None while it is.
+    fn end_at(&self, now: Instant) -> Option<Ended> {
+        match (&self.ended, self.state) {
+            (Some(ended), _) => Some(ended.clone()),
+            (None, State::Held) if now < self.deadline => None,
+            (None, _) => Some(Ended::Expired),
+        }
+    }
 }
 
 /// The token is the lock's secret: it never reaches a log, not even a debug print.
@@ -94,6 +150,9 @@ impl Lease {
             state: State::Held,
             deadline: key_expiry(submitted, lease_ms),
             latest: key_expiry(answered, lease_ms),
+            ended: None,
+            watcher: None,
+            keep_alive: None,
         };
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -111,34 +170,93 @@ impl Lease {
 
     /// Whether the lease is still valid by the local estimate.
     pub fn valid(&self) -> bool {
-        let times = *self.lock();
+        let times = self.lock();
         times.state == State::Held && Instant::now() < times.deadline
     }
 
     /// Milliseconds left, rounded down; 0 once not valid.
     pub fn remaining_ms(&self) -> u64 {
-        let times = *self.lock();
+        let times = self.lock();
         if times.state != State::Held {
             return 0;
         }
         times.deadline.saturating_duration_since(Instant::now()).as_millis() as u64
     }
 
+    /// Why the lease is no longer valid (what its signal's reason says); None while valid.
+    pub fn ended(&self) -> Option<Ended> {
+        self.lock().end_at(Instant::now())
+    }
+
+    /// Tells `watcher` once when the lease ends for a cause other than its deadline, and
+    /// answers whether it ended already (checked under the same lock, so no end falls
+    /// between the answer and the watch).
+    pub fn watch(&self, watcher: Watcher) -> Option<Ended> {
+        let mut times = self.lock();
+        let ended = times.end_at(Instant::now());
+        if ended.is_none() {
+            times.watcher = Some(watcher);
+        }
+        ended
+    }
+
+    /// Leaves `Held` for `state` (the first end wins; a deadline already passed is that
+    /// end), stops its keep-alive and tells its watcher. Answers the state before.
+    fn end(&self, state: State, why: Ended) -> State {
+        let mut times = self.lock();
+        let before = times.state;
+        let now = Instant::now();
+        if times.ended.is_none() {
+            times.ended = Some(times.end_at(now).unwrap_or(why));
+        }
+        if state == State::Released || times.state == State::Held {
+            times.state = state;
+        }
+        let keep_alive = times.keep_alive.take();
+        let watcher = times.watcher.take();
+        drop(times);
+        if let Some(token) = keep_alive {
+            token.cancel();
+        }
+        if let Some(watcher) = watcher {
+            watcher(self.id);
+        }
+        before
+    }
+
     /// Marks the lease released; false when it already was, so a second `release()` asks
     /// Redis nothing.
     pub fn mark_released(&self) -> bool {
-        let mut inner = self.lock();
-        let first = inner.state != State::Released;
-        inner.state = State::Released;
-        first
+        self.end(State::Released, Ended::Released) != State::Released
     }
 
-    /// Never valid again (lost, unknown outcome, or a renew that came back too late).
-    pub fn invalidate(&self) {
-        let mut inner = self.lock();
-        if inner.state == State::Held {
-            inner.state = State::Invalid;
+    /// Marks the lease released by shutdown.
+    pub(crate) fn mark_shut_down(&self) {
+        let _ = self.end(State::Released, Ended::ShutDown);
+    }
+
+    /// Never valid again (lost, unknown outcome, a failed keep-alive renewal or a failover
+    /// it may not have survived): `why` is what its signal says.
+    pub fn invalidate(&self, why: LockError) {
+        let _ = self.end(State::Invalid, Ended::Failed(why));
+    }
+
+    /// Starts a keep-alive's life: stops the one before it (a second call replaces the
+    /// first) and answers the token the new one stops on, a child of `parent` (shutdown);
+    /// or why the lease is no longer valid, starting nothing.
+    pub(crate) fn start_keep_alive(
+        &self,
+        parent: &CancellationToken,
+    ) -> Result<CancellationToken, Ended> {
+        let mut times = self.lock();
+        if let Some(ended) = times.end_at(Instant::now()) {
+            return Err(ended);
         }
+        let token = parent.child_token();
+        if let Some(old) = times.keep_alive.replace(token.clone()) {
+            old.cancel();
+        }
+        Ok(token)
     }
 
     /// A renew whose outcome is unknown may have extended the key in Redis until
@@ -160,7 +278,8 @@ impl Lease {
             State::Held => {}
         }
         if Instant::now() >= inner.deadline {
-            inner.state = State::Invalid;
+            drop(inner);
+            let _ = self.end(State::Invalid, Ended::Expired);
             return Err(NotExtended::Expired);
         }
         inner.deadline = inner.deadline.max(key_expiry(submitted, self.lease_ms));
@@ -271,7 +390,7 @@ mod tests {
         assert_eq!(l.remaining_ms(), 0);
         assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
         let u = lease(10_000, Instant::now());
-        u.invalidate();
+        u.invalidate(LockError::new(LockErrorCode::LeaseLost, "lost"));
         assert_eq!(u.extend(Instant::now(), Instant::now()), Err(NotExtended::Expired));
         assert!(!u.valid());
     }
@@ -353,5 +472,47 @@ mod tests {
         let l = lease(10_000, Instant::now());
         l.mark_released();
         assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
+    }
+
+    #[test]
+    fn the_first_end_wins_and_the_watcher_hears_it_once() {
+        use std::sync::atomic::AtomicUsize;
+        let l = lease(10_000, Instant::now());
+        assert!(l.ended().is_none());
+        let heard = Arc::new(AtomicUsize::new(0));
+        let counter = heard.clone();
+        assert!(l
+            .watch(Arc::new(move |_| {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }))
+            .is_none());
+        l.invalidate(LockError::new(LockErrorCode::LeaseLost, "lost"));
+        l.mark_released();
+        assert_eq!(heard.load(Ordering::Relaxed), 1);
+        assert_eq!(l.ended().unwrap().to_error().code, LockErrorCode::LeaseLost);
+        let s = lease(10_000, Instant::now());
+        s.mark_shut_down();
+        assert_eq!(s.ended().unwrap().to_error().code, LockErrorCode::ShutDown);
+    }
+
+    #[test]
+    fn a_lease_past_its_deadline_ended_by_its_deadline_whatever_comes_after() {
+        let l = lease(50, Instant::now() - Duration::from_millis(60));
+        assert!(matches!(l.ended(), Some(Ended::Expired)));
+        l.invalidate(LockError::new(LockErrorCode::OutcomeUnknown, "unknown"));
+        assert!(matches!(l.ended(), Some(Ended::Expired)), "the deadline came first");
+        assert!(l.watch(Arc::new(|_| panic!("an ended lease is not watched"))).is_some());
+    }
+
+    #[test]
+    fn a_new_keep_alive_stops_the_one_before_and_an_end_stops_the_last() {
+        let parent = CancellationToken::new();
+        let l = lease(10_000, Instant::now());
+        let first = l.start_keep_alive(&parent).unwrap();
+        let second = l.start_keep_alive(&parent).unwrap();
+        assert!(first.is_cancelled() && !second.is_cancelled());
+        l.mark_released();
+        assert!(second.is_cancelled());
+        assert!(l.start_keep_alive(&parent).is_err(), "not on a released lease");
     }
 }

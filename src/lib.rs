@@ -29,8 +29,10 @@ mod binding;
 
 pub use driver::Driver;
 pub use error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
-pub use lease::Lease;
-pub use options::{parse_backend, parse_connection, BackendOptions, ConnectionOptions, Raw};
+pub use lease::{Ended, Lease, Watcher};
+pub use options::{
+    parse_backend, parse_connection, BackendOptions, ConnectionOptions, KeepAlive, Raw,
+};
 pub use stats::Stats;
 
 /// What the crate's own tests (`tests/*.rs`) reach beyond the public surface: internals,

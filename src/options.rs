@@ -453,6 +453,69 @@ pub(crate) fn parse_wait_timeout(raw: &Raw, default: u32) -> Result<u32, LockErr
     }
 }
 
+/// `lease.keepAlive(options)`: how often to renew and for how long at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Renewals stop this long after the call; the lease then runs out at its deadline.
+    pub max_hold_ms: u64,
+    /// The pause between renewals: 1 ≤ everyMs < leaseMs.
+    pub every_ms: u32,
+}
+
+/// Validates `lease.keepAlive(options)` against the backend's leaseMs (decision 0152):
+/// `maxHoldMs` required, an integer from 1 to 2^53-1; `everyMs` an integer from 1 to
+/// leaseMs - 1, by default leaseMs / 3 rounded down (at least 1).
+pub(crate) fn parse_keep_alive(raw: &Raw, lease_ms: u32) -> Result<KeepAlive, LockError> {
+    let what = "keepAlive options";
+    let fields = fields(what, raw, &["maxHoldMs", "everyMs"])?;
+    let max_hold_ms = match get(fields, "maxHoldMs") {
+        None => return Err(invalid(format!("{what}.maxHoldMs is required"))),
+        Some(v) => match v {
+            Raw::Number(n)
+                if n.is_finite()
+                    && n.fract() == 0.0
+                    && *n >= 1.0
+                    && *n <= MAX_SAFE_INTEGER as f64 =>
+            {
+                *n as u64
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{what}.maxHoldMs must be an integer from 1 to {MAX_SAFE_INTEGER}"
+                )))
+            }
+        },
+    };
+    if lease_ms < 2 {
+        return Err(invalid(format!(
+            "{what}: keepAlive needs leaseMs of at least 2 (everyMs must be below leaseMs)"
+        )));
+    }
+    let every_ms = match get(fields, "everyMs") {
+        None => (lease_ms / 3).max(1),
+        Some(v) => {
+            let rule = || {
+                invalid(format!(
+                    "{what}.everyMs must be an integer from 1 to leaseMs - 1 ({})",
+                    lease_ms - 1
+                ))
+            };
+            match v {
+                Raw::Number(n)
+                    if n.is_finite()
+                        && n.fract() == 0.0
+                        && *n >= 1.0
+                        && *n < f64::from(lease_ms) =>
+                {
+                    *n as u32
+                }
+                _ => return Err(rule()),
+            }
+        }
+    };
+    Ok(KeepAlive { max_hold_ms, every_ms })
+}
+
 /// The rules across both arguments of `createRedisLockDriver`. With `minReplicas`, a WAIT
 /// blocks the connection it runs on for up to replicaTimeoutMs, and every command queued
 /// behind it (an unrelated release or renew) counts that time against its own
@@ -826,5 +889,29 @@ mod tests {
             .unwrap_err()
             .message
             .contains("connection.sentinelPassword must not be empty"));
+    }
+
+    #[test]
+    fn keep_alive_options_default_every_ms_to_a_third_of_lease_ms_and_reject_bad_values() {
+        let obj = |fields: Vec<(&str, Raw)>| {
+            Raw::Object(fields.into_iter().map(|(n, v)| (n.to_owned(), v)).collect())
+        };
+        let ka = parse_keep_alive(&obj(vec![("maxHoldMs", Raw::Number(5000.0))]), 10_000).unwrap();
+        assert_eq!(ka, KeepAlive { max_hold_ms: 5000, every_ms: 3333 });
+        let two = parse_keep_alive(&obj(vec![("maxHoldMs", Raw::Number(1.0))]), 2).unwrap();
+        assert_eq!(two.every_ms, 1);
+        for bad in [
+            obj(vec![]),
+            obj(vec![("maxHoldMs", Raw::Number(0.0))]),
+            obj(vec![("maxHoldMs", Raw::Number(1.0)), ("everyMs", Raw::Number(10_000.0))]),
+            obj(vec![("maxHoldMs", Raw::Number(1.0)), ("everyMs", Raw::Number(0.0))]),
+            obj(vec![("maxHoldMs", Raw::Number(1.0)), ("other", Raw::Number(1.0))]),
+            Raw::Undefined,
+        ] {
+            let err = parse_keep_alive(&bad, 10_000).unwrap_err();
+            assert_eq!(err.code, LockErrorCode::InvalidOptions);
+        }
+        let one = parse_keep_alive(&obj(vec![("maxHoldMs", Raw::Number(1.0))]), 1).unwrap_err();
+        assert!(one.message.contains("leaseMs of at least 2"), "{}", one.message);
     }
 }

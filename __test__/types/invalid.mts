@@ -73,6 +73,10 @@ lease.fence = '1'
 const releasedText: string = await lease.release()
 // @ts-expect-error TS2339 there is no automatic renewal to switch on
 lease.autoRenew()
+// @ts-expect-error TS2345 keepAlive needs maxHoldMs: a stuck holder must not keep a lock forever
+lease.keepAlive({ everyMs: 1000 })
+// @ts-expect-error TS2540 the signal is read-only
+lease.signal = new AbortController().signal
 
 // --- await using: a release is asynchronous, so a lease is only AsyncDisposable -----------
 async function syncUsing(): Promise<void> {

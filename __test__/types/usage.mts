@@ -6,6 +6,7 @@ import {
   LockError,
   LockErrorCode,
   type AcquireOptions,
+  type KeepAliveOptions,
   type AcquireTraceContext,
   type Lease,
   type LockDriver,
@@ -114,6 +115,10 @@ async function job(signal: AbortSignal): Promise<boolean> {
     const fence: string = lease.fence
     fencedWrite(fence)
     if (lease.valid && lease.remainingMs < 1_000) await lease.renew()
+    const keepAlive: KeepAliveOptions = { maxHoldMs: 60_000, everyMs: 1_000 }
+    lease.keepAlive(keepAlive)
+    const held: AbortSignal = AbortSignal.any([lease.signal, signal])
+    void held
     return key.length > 0
   } finally {
     const released: boolean = await lease.release()

@@ -6,6 +6,7 @@
 mod acquire;
 mod attempt;
 mod cleanup;
+mod keep_alive;
 mod shutdown;
 
 use std::future::Future;
@@ -331,11 +332,13 @@ impl Driver {
         let (value, submitted, conn) = match self.inner.link.run_on(&call).await {
             Ok(reply) => reply,
             Err(failure) => {
-                if !failure.surely_not_applied() {
-                    lease.invalidate();
+                let surely_not_applied = failure.surely_not_applied();
+                let err = LockError::from_redis(failure);
+                if !surely_not_applied {
+                    lease.invalidate(err.clone());
                     lease.may_have_written(Instant::now());
                 }
-                return Err(LockError::from_redis(failure));
+                return Err(err);
             }
         };
         let answered = Instant::now();
@@ -363,15 +366,17 @@ impl Driver {
                 )),
             },
             Some(false) => {
-                lease.invalidate();
-                Err(LockError::new(
+                let err = LockError::new(
                     LockErrorCode::LeaseLost,
                     "the lock is no longer held by this lease",
-                ))
+                );
+                lease.invalidate(err.clone());
+                Err(err)
             }
             None => {
-                lease.invalidate();
-                Err(LockError::from_redis(RedisFailure::unexpected_reply()))
+                let err = LockError::from_redis(RedisFailure::unexpected_reply());
+                lease.invalidate(err.clone());
+                Err(err)
             }
         }
     }

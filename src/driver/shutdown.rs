@@ -30,7 +30,7 @@ impl Driver {
             .close()
             .into_iter()
             .map(|lease| {
-                lease.mark_released();
+                lease.mark_shut_down();
                 let this = self.clone();
                 // Spawned: past the timeout they go on, and late confirmations still clean up.
                 inner.tasks.spawn(async move {
