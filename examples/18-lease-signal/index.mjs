@@ -41,9 +41,12 @@ const upstreamUrl = `http://127.0.0.1:${upstream.address().port}/report`
   const lease = await locks.acquire('job:spawn')
   const child = spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60_000)'], { signal: lease.signal, stdio: 'ignore' })
   child.on('error', (err) => console.log(`child stopped: ${err.name}, reason ${err.cause?.code}`))
+  // Listened for before release(): the child may be gone before release() resolves. Not
+  // events.once(), which rejects on the 'error' the abort emits first.
+  const exited = new Promise((resolve) => child.on('exit', (_code, signal) => resolve(signal)))
   await sleep(50)
   await lease.release()
-  const [, signal] = await once(child, 'exit')
+  const signal = await exited
   console.log(`child exited by ${signal}`)
 }
 
