@@ -9,6 +9,16 @@
 
 /** Faults after which README says a lease or fence may be lost (failover, restart). */
 const LOSS_FAULTS = new Set(['server-kill', 'failover', 'primary-kill', 'primary-kill-lagging']);
+/**
+ * Cluster faults after which a shard's replica may take over without the last writes
+ * (asynchronous replication; README "Redis HA"), excused on that shard's keys only: from
+ * the fault until its heal plus CLUSTER_REJOIN_MS, while the old master, continued or
+ * restarted, may still answer as master before it learns it was demoted. A graceful
+ * CLUSTER FAILOVER waits for the replica to catch up first, and a slot migration moves
+ * the keys with their TTL: neither excuses anything.
+ */
+const CLUSTER_LOSS_FAULTS = new Set(['master-kill', 'master-stop', 'cluster-failover-force']);
+const CLUSTER_REJOIN_MS = 2000;
 
 /** How long before its first announcement a switch may already hand out leases (decision 0058). */
 const PROMOTION_BEFORE_ANNOUNCEMENT_MS = 2000;
@@ -31,6 +41,7 @@ export const INVARIANTS = [
   'clean-exits-no-keys-left',
   'only-contract-error-codes',
   'no-lease-lost-after-announced-switch',
+  'no-lease-lost-outside-a-shard-failover',
 ];
 
 /**
@@ -136,7 +147,14 @@ export function check(history, run) {
     ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => [f.at, f.at]),
     ...switches.map((s) => [s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS, s.at]),
   ];
-  const lossBetween = (from, to) => losses.some(([a, b]) => a <= to && b >= from);
+  // Cluster: [from, to, keys] per fault, keys being those its shard served at the fault.
+  const healAt = new Map(heals.map((h) => [h.id, h.at]));
+  const shardLosses = run.mode === 'cluster'
+    ? faults.filter((f) => CLUSTER_LOSS_FAULTS.has(f.kind) && !refused.has(f.id))
+      .map((f) => [f.at, (healAt.get(f.id) ?? Infinity) + CLUSTER_REJOIN_MS, new Set(f.keys ?? [])])
+    : [];
+  const lossBetween = (from, to, key) => losses.some(([a, b]) => a <= to && b >= from)
+    || shardLosses.some(([a, b, ks]) => a <= to && b >= from && ks.has(key));
   const killedAt = new Map(); // `${p}.${inc}` → when the nemesis killed it
   for (const f of faults) if (f.kind === 'proc-kill') killedAt.set(`${f.target}.${f.inc}`, f.at);
   const stoppedSpans = faults.filter((f) => f.kind === 'proc-stop').map((f) => ({
@@ -170,7 +188,8 @@ export function check(history, run) {
         best.lost = { how: `a later lease drew fence ${l2.fence} ≤ its ${best.fence}`, at: l2.grantAt, fence: true };
         // README "Replica acknowledgements": a failover may promote a replica that did not
         // acknowledge unless minReplicas counts every replica (decision 0058).
-        const documented = run.mode === 'sentinel' && run.minReplicas < run.replicas && lossBetween(best.startAt, l2.grantAt);
+        // In a Cluster the same per shard (one replica each).
+        const documented = (run.mode === 'sentinel' || run.mode === 'cluster') && run.minReplicas < run.replicas && lossBetween(best.startAt, l2.grantAt, l2.key);
         if (documented) counts['fences-never-go-backwards'].documented += 1;
         else violate('fences-never-go-backwards', `key ${l2.key}: lease ${l2.op} drew fence ${l2.fence} after lease ${best.op} had been granted fence ${best.fence}`, { key: l2.key, from: best.startAt, to: l2.grantAt });
       }
@@ -178,6 +197,7 @@ export function check(history, run) {
   }
 
   // --------------------------------------------------------- no overlapping leases ----
+  let withinClockDrift = 0;
   for (const list of byKey.values()) {
     const sorted = [...list].sort((a, b) => a.grantAt - b.grantAt);
     const active = [];
@@ -189,8 +209,12 @@ export function check(history, run) {
       if (l2.end <= l2.grantAt) continue;
       for (const l1 of active) {
         if (l1.p === l2.p && l1.inc === l2.inc && l1.op === l2.op) continue;
+        // Redis expires keys on the wall clock, the driver and this checker count on
+        // CLOCK_MONOTONIC: a host whose wall clock runs fast (NTP slewing) expires a key
+        // that much before the lease's local deadline. Measured by the run (clockDriftMs).
+        if (l1.end - l2.grantAt <= (run.clockDriftMs ?? 0)) { withinClockDrift += 1; continue; }
         l1.lost ??= { how: `lease ${l2.op} was granted while it was valid`, at: l2.grantAt };
-        if (lossBetween(l1.startAt, l2.grantAt)) counts['no-overlapping-valid-leases'].documented += 1;
+        if (lossBetween(l1.startAt, l2.grantAt, l1.key)) counts['no-overlapping-valid-leases'].documented += 1;
         else violate('no-overlapping-valid-leases', `key ${l1.key}: lease ${l2.op} (fence ${l2.fence}) granted while lease ${l1.op} (fence ${l1.fence}) was valid for ${(l1.end - l2.grantAt).toFixed(1)} ms more`, { key: l1.key, from: l1.startAt, to: l2.grantAt + 1 });
       }
       if (l2.end > l2.grantAt) active.push(l2);
@@ -292,8 +316,22 @@ export function check(history, run) {
       if (!s || l.startAt - s.at <= run.switchToleranceMs || l.startAt - s.at > 15_000) continue;
       counts['no-lease-lost-after-announced-switch'].checked += 1;
       if (!l.lost) continue;
-      if (lossBetween(l.startAt, l.end + 1000)) { counts['no-lease-lost-after-announced-switch'].documented += 1; continue; }
+      if (lossBetween(l.startAt, l.end + 1000, l.key)) { counts['no-lease-lost-after-announced-switch'].documented += 1; continue; }
       violate('no-lease-lost-after-announced-switch', `lease ${l.op} on ${l.key} (fence ${l.fence}) started ${(l.startAt - s.at).toFixed(0)} ms after Sentinel ${s.by[0]} announced the switch ${s.from}→${s.to}, and was lost: ${l.lost.how}`, { key: l.key, from: s.at - 100, to: l.grantAt + 1 });
+    }
+  }
+
+  // ------------------------------------ Cluster: no lease lost outside a shard failover ----
+  // A Cluster announces nothing a driver follows: the slot map moves by MOVED and refreshes.
+  // So every lease is judged, and a lost one is excused only by a loss fault on its own
+  // key's shard while it lived (the Sentinel rule with minReplicas 0, per shard). With
+  // minReplicas 1 (every replica) a lost fence is never excused, above.
+  if (run.mode === 'cluster') {
+    for (const l of leases.values()) {
+      counts['no-lease-lost-outside-a-shard-failover'].checked += 1;
+      if (!l.lost) continue;
+      if (lossBetween(l.startAt, l.end + 1000, l.key)) { counts['no-lease-lost-outside-a-shard-failover'].documented += 1; continue; }
+      violate('no-lease-lost-outside-a-shard-failover', `lease ${l.op} on ${l.key} (fence ${l.fence}) was lost with no failover of its shard while it lived: ${l.lost.how}`, { key: l.key, from: l.startAt - 500, to: (Number.isFinite(l.lost.at) ? l.lost.at : l.grantAt) + 1 });
     }
   }
 
@@ -307,6 +345,8 @@ export function check(history, run) {
     leasesLost: { total: lost.length },
     faultsByKind,
     switches: switches.length,
+    overlapsWithinClockDrift: withinClockDrift,
+    clockDriftMs: run.clockDriftMs ?? 0,
     switchAnnouncementSpreadMs: spreadOf(announcements, switches),
     settleMs: summary(settleMs),
     acquireBoundMs: bound,

@@ -59,9 +59,9 @@ const describe = (err) => ({
 });
 
 const driver = createRedisLockDriver(
-  { url: cfg.url, connectTimeoutMs: cfg.connectTimeoutMs, commandTimeoutMs: cfg.commandTimeoutMs },
+  { url: cfg.url, cluster: cfg.cluster || undefined, connectTimeoutMs: cfg.connectTimeoutMs, commandTimeoutMs: cfg.commandTimeoutMs },
   {
-    driver: 'redis', connection: 'main', namespace: cfg.namespace, leaseMs, waitTimeoutMs,
+    driver: 'redis', connection: 'main', namespace: cfg.namespace, leaseMs, waitTimeoutMs, notifications: cfg.notifications,
     minReplicas: cfg.minReplicas, replicaTimeoutMs: cfg.replicaTimeoutMs, shutdownTimeoutMs: 5000,
   },
   // The driver's warnings and errors join the history (their code and reason only), so a

@@ -1,11 +1,12 @@
 // The coordinator's throwaway servers: standalone (one redis-server the nemesis kills and
-// restarts without persistence) or Sentinel (a primary, two replicas, three Sentinels), and
+// restarts without persistence), Sentinel (a primary, two replicas, three Sentinels) or a
+// Redis Cluster (three masters with a replica each), and
 // a small admin client for them. Data nodes come from the test harness
 // (__test__/helpers/redis.mjs: free ports, temp dirs, kill/pause/restart on the same port,
 // killed with the coordinator); Sentinels need a config file first on the command line,
 // which that harness does not do, so they are started here the same way.
 
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import net from 'node:net';
@@ -162,3 +163,83 @@ export async function startSentinelCluster() {
 }
 
 export { until };
+
+// ------------------------------------------------------------ Redis Cluster ----
+// Three masters with one replica each (issue 23 item 3). Every node keeps its own dir for
+// the whole run, so a node killed with -9 restarts on the same port with its nodes.conf
+// and rejoins as a replica of whoever took its slots over (no data: no persistence).
+// cluster-node-timeout 1000 makes a failover take about 2–3 s; replica-validity-factor 0
+// lets a replica take over however long it was cut off (a stopped replica may lag); no
+// replica migration keeps the shape 3 × 1, which `healthy()` asks for.
+const CLUSTER_NODES = 6;
+
+/** `CLUSTER NODES` of one node, parsed: id, port, flags, master id, slot ranges. */
+export async function clusterNodes(port) {
+  const text = await admin(port, ['CLUSTER', 'NODES'], 1000);
+  return String(text).trim().split('\n').map((line) => {
+    const [id, addr, flags, master, , , , link, ...slots] = line.split(' ');
+    return {
+      id, port: Number(addr.split('@')[0].split(':').pop()), flags: flags.split(','), master, link,
+      slots: slots.filter((s) => !s.startsWith('[')).map((s) => s.split('-').map(Number)),
+    };
+  });
+}
+
+export async function startRedisCluster() {
+  const nodes = [];
+  for (let i = 0; i < CLUSTER_NODES; i++) {
+    nodes.push(await startRedis({
+      args: ['--maxmemory-policy', 'noeviction', '--repl-diskless-sync-delay', '0',
+        '--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '1000',
+        '--cluster-replica-validity-factor', '0', '--cluster-allow-replica-migration', 'no'],
+    }));
+  }
+  execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `${HOST}:${n.port}`), '--cluster-replicas', '1', '--cluster-yes'], { stdio: 'ignore' });
+  const byPort = (port) => nodes.find((n) => n.port === port);
+  // The masters as the first node that answers sees them (with their slots and node ids).
+  async function view() {
+    for (const n of nodes) {
+      try { return await clusterNodes(n.port); } catch { /* next */ }
+    }
+    return [];
+  }
+  const cluster = {
+    mode: 'cluster',
+    nodes,
+    /** The nodes that hold slots, as one node sees them: [{ node, id, slots, replicas: [node] }]. */
+    async masters() {
+      const all = await view();
+      return all.filter((x) => x.flags.includes('master') && !x.flags.includes('fail') && x.slots.length > 0 && byPort(x.port))
+        .map((x) => ({ node: byPort(x.port), id: x.id, slots: x.slots, replicas: all.filter((y) => y.master === x.id).map((y) => byPort(y.port)).filter(Boolean) }));
+    },
+    /** Any master (the nemesis's CLIENT KILL, DEBUG SLEEP, OOM pick among `masters()`). */
+    async primary() { return (await cluster.masters())[0]?.node; },
+    /** The master that serves `slot` now. */
+    async ownerOf(slot) {
+      return (await cluster.masters()).find((m) => m.slots.some(([a, b = a]) => slot >= a && slot <= b));
+    },
+    /**
+     * Whole: every node says cluster_state:ok and sees no node failing, 3 masters own all
+     * the slots, and each has its replica online.
+     */
+    async healthy() {
+      for (const n of nodes) {
+        const info = String(await admin(n.port, ['CLUSTER', 'INFO'], 1000));
+        if (!info.includes('cluster_state:ok') || !info.includes('cluster_slots_ok:16384')) return false;
+        const seen = await clusterNodes(n.port);
+        if (seen.length !== CLUSTER_NODES || seen.some((x) => x.flags.some((f) => f === 'fail' || f === 'fail?' || f === 'handshake' || f === 'noaddr'))) return false;
+      }
+      const masters = await cluster.masters();
+      if (masters.length !== 3) return false;
+      for (const m of masters) {
+        const role = await admin(m.node.port, ['ROLE'], 1000);
+        if (role[0] !== 'master') return false;
+        if ((await onlineReplicas(m.node.port)) < 1) return false;
+      }
+      return true;
+    },
+    async stop() { for (const n of nodes) await n.stop(); },
+  };
+  await until('the Cluster is whole', () => cluster.healthy(), 30_000);
+  return cluster;
+}

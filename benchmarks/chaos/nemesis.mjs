@@ -10,7 +10,9 @@
 // "Without announcements").
 
 import { setTimeout as sleep } from 'node:timers/promises';
-import { admin, MASTER } from './cluster.mjs';
+import { admin, MASTER, until } from './cluster.mjs';
+
+const HOST_OF = '127.0.0.1';
 import { now } from './prng.mjs';
 
 const WEIGHTS = {
@@ -23,8 +25,14 @@ const WEIGHTS = {
     'client-kill': 2, 'debug-sleep': 2, oom: 2, 'proc-stop': 2, 'proc-kill': 2,
     'net-cut': 1, 'net-stall': 1,
   },
+  cluster: {
+    'master-kill': 2, 'cluster-failover': 1, 'cluster-failover-force': 1, 'master-stop': 2, 'slot-migrate': 2,
+    'client-kill': 2, 'debug-sleep': 2, oom: 1, 'proc-stop': 2, 'proc-kill': 2,
+    'net-cut': 1, 'net-stall': 1,
+  },
 };
-const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kill', 'primary-kill-lagging', 'primary-stop']);
+const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kill', 'primary-kill-lagging', 'primary-stop',
+  'master-kill', 'cluster-failover', 'cluster-failover-force', 'master-stop', 'slot-migrate']);
 
 /**
  * @param {object} o
@@ -34,7 +42,7 @@ const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kil
  * @param {(ev: object) => void} o.record
  * @param {ReturnType<import('./prng.mjs').rng>} o.r
  */
-export function createNemesis({ cluster, proxies, clients, record, r }) {
+export function createNemesis({ cluster, proxies, clients, record, r, keySlots = new Map(), seedNode = null }) {
   const mode = cluster.mode;
   const active = new Map(); // id → { kind, target, heal }
   let nextId = 0;
@@ -83,9 +91,103 @@ export function createNemesis({ cluster, proxies, clients, record, r }) {
     })());
   }
 
+  // Cluster: which of the run's keys a shard (a master's slots) serves now, recorded with
+  // each topology fault so the checker excuses losses on that shard only.
+  const keysOf = (m) => [...keySlots].filter(([, slot]) => m.slots.some(([a, b = a]) => slot >= a && slot <= b)).map(([k]) => k);
+  const healthyNow = () => safe(cluster.healthy()).then((h) => h === true);
+
   async function inject(kind) {
-    const primary = await cluster.primary();
+    // Cluster: CLIENT KILL, DEBUG SLEEP and OOM hit any master.
+    const primary = mode === 'cluster' ? r.pick(await cluster.masters())?.node : await cluster.primary();
     switch (kind) {
+      case 'master-kill': {
+        if (topologyBusy || !(await healthyNow())) return false;
+        const masters = await cluster.masters();
+        // The URL's first seed node a third of the time when it is a master (a driver
+        // whose first seed dies must come back through the others).
+        const seedMaster = masters.find((m) => m.node === seedNode);
+        const m = seedMaster && r.chance(1 / 3) ? seedMaster : r.pick(masters);
+        const replica = m.replicas[0];
+        const extraMs = r.int(0, 1500);
+        topology(async () => {
+          const id = begin(kind, m.node.port, { keys: keysOf(m), seed: m.node === seedNode, replica: replica?.port });
+          await m.node.kill();
+          // Restarted only once its replica has taken over, so it rejoins as a replica (a
+          // master restarted empty before that would be a restart, not a failover).
+          await until('the replica takes over', async () => (await admin(replica.port, ['ROLE'], 500))[0] === 'master', 20_000).catch(() => {});
+          await sleep(extraMs);
+          await m.node.restart({ keepData: true }); // dead: keeps its dir, so its nodes.conf
+          end(id, kind, m.node.port);
+        });
+        return true;
+      }
+      case 'cluster-failover':
+      case 'cluster-failover-force': {
+        if (topologyBusy || !(await healthyNow())) return false;
+        const m = r.pick(await cluster.masters());
+        const replica = m.replicas[0];
+        topology(async () => {
+          const id = begin(kind, replica.port, { keys: keysOf(m), master: m.node.port });
+          try {
+            await admin(replica.port, kind === 'cluster-failover' ? ['CLUSTER', 'FAILOVER'] : ['CLUSTER', 'FAILOVER', 'FORCE'], 2000);
+            await until('the replica takes over', async () => (await admin(replica.port, ['ROLE'], 500))[0] === 'master', 10_000);
+          } catch (err) {
+            record({ k: 'fault-refused', id, kind, at: now(), message: String(err?.message ?? err) });
+          } finally {
+            end(id, kind, replica.port);
+          }
+        });
+        return true;
+      }
+      case 'master-stop': {
+        if (topologyBusy || !(await healthyNow())) return false;
+        const m = r.pick(await cluster.masters());
+        // Longer than cluster-node-timeout (1000 ms) most of the time: its replica takes over
+        // and the master, continued, finds itself demoted.
+        const ms = r.int(500, 4000);
+        topology(async () => {
+          await m.node.pause();
+          await new Promise((resolve) => timed(kind, m.node.port, ms, async () => { try { await m.node.resume(); } finally { resolve(); } }, { keys: keysOf(m) }));
+        });
+        return true;
+      }
+      case 'slot-migrate': {
+        if (topologyBusy || !(await healthyNow()) || keySlots.size === 0) return false;
+        const [key, slot] = r.pick([...keySlots]);
+        const masters = await cluster.masters();
+        const from = masters.find((m) => m.slots.some(([a, b = a]) => slot >= a && slot <= b));
+        const to = r.pick(masters.filter((m) => m !== from));
+        const pauseMs = r.int(0, 1000);
+        topology(async () => {
+          const id = begin(kind, from.node.port, { key, slot, to: to.node.port });
+          try {
+            await admin(to.node.port, ['CLUSTER', 'SETSLOT', String(slot), 'IMPORTING', from.id], 1000);
+            await admin(from.node.port, ['CLUSTER', 'SETSLOT', String(slot), 'MIGRATING', to.id], 1000);
+            // Traffic meets the slot half-moved (ASK, TRYAGAIN) for a while.
+            await sleep(pauseMs);
+            for (let round = 0; round < 50; round++) {
+              const moving = await admin(from.node.port, ['CLUSTER', 'GETKEYSINSLOT', String(slot), '100'], 1000);
+              if (moving.length === 0) break;
+              try {
+                await admin(from.node.port, ['MIGRATE', HOST_OF, String(to.node.port), '', '0', '5000', 'KEYS', ...moving], 8000);
+              } catch (err) {
+                record({ k: 'nemesis-error', kind, at: now(), message: `MIGRATE: ${err?.message ?? err}` });
+                await sleep(50);
+              }
+              await sleep(r.int(0, 200));
+            }
+            // The new owner first, then the old one, then every other master (as redis-cli does).
+            for (const m of [to, from, ...masters.filter((x) => x !== to && x !== from)]) {
+              await admin(m.node.port, ['CLUSTER', 'SETSLOT', String(slot), 'NODE', to.id], 1000);
+            }
+          } catch (err) {
+            record({ k: 'fault-refused', id, kind, at: now(), message: String(err?.message ?? err) });
+          } finally {
+            end(id, kind, from.node.port);
+          }
+        });
+        return true;
+      }
       case 'server-kill': {
         if (topologyBusy) return false;
         const node = primary;
@@ -159,7 +261,7 @@ export function createNemesis({ cluster, proxies, clients, record, r }) {
       }
       case 'debug-sleep': {
         if (!primary) return false;
-        const seconds = r.int(1, mode === 'sentinel' ? 6 : 12) / 10;
+        const seconds = r.int(1, mode === 'standalone' ? 12 : 6) / 10;
         const id = begin(kind, primary.port, { seconds });
         track(safe(admin(primary.port, ['DEBUG', 'SLEEP', String(seconds)], seconds * 1000 + 3000)).then(() => end(id, kind, primary.port)));
         return true;
@@ -202,7 +304,9 @@ export function createNemesis({ cluster, proxies, clients, record, r }) {
       case 'net-latency': {
         const free = [...proxies.keys()].filter((i) => !busyProxies.has(i));
         // Under Sentinel the proxies stand before the Sentinels: one at a time (see above).
-        if (free.length === 0 || (mode === 'sentinel' && busyProxies.size > 0)) return false;
+        // In a Cluster they stand before the seed nodes: one at a time too (redirects go to the
+        // real addresses, which no proxy stands before).
+        if (free.length === 0 || (mode !== 'standalone' && busyProxies.size > 0)) return false;
         const i = r.pick(free);
         const proxy = proxies[i];
         busyProxies.add(i);

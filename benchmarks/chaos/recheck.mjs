@@ -16,7 +16,7 @@ const run = {
   mode: s.mode, minReplicas: s.minReplicas, replicas: s.setup.replicas ?? (s.mode === 'sentinel' ? 2 : 0),
   leaseMs: s.setup.leaseMs, waitTimeoutMs: s.setup.waitTimeoutMs, commandTimeoutMs: s.setup.commandTimeoutMs,
   replicaTimeoutMs: s.setup.replicaTimeoutMs, switchToleranceMs: s.setup.switchToleranceMs ?? 250,
-  settleSlackMs: 1500, recoveryBoundMs: 10_000,
+  settleSlackMs: 1500, recoveryBoundMs: 10_000, clockDriftMs: s.setup.clockDriftMs ?? 0,
 };
 const v = check(history, run);
 const t0 = Math.min(...history.map((e) => e.at));

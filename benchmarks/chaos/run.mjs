@@ -1,4 +1,4 @@
-// npm run chaos -- --seconds N --seed S --mode sentinel|standalone --min-replicas N
+// npm run chaos -- --seconds N --seed S --mode standalone|sentinel|cluster --min-replicas N [--notifications namespace|per-key|mixed]
 //
 // A seeded, time-bounded chaos run (issue 16): throwaway servers, several client processes
 // each with one driver and several workers contending on a few keys through a fenced store
@@ -7,6 +7,7 @@
 // violation, and exits 1. docs/CHAOS.md has the figures and what they mean.
 
 import { fork, execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { writeFileSync, existsSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -15,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { parseOptions, root } from '../lib.mjs';
 import { startProxy } from '../../__test__/helpers/proxy.mjs';
 import { encode, parseReply } from '../../__test__/helpers/redis.mjs';
-import { admin, MASTER, startSentinelCluster, startStandalone } from './cluster.mjs';
+import { admin, MASTER, startRedisCluster, startSentinelCluster, startStandalone } from './cluster.mjs';
 import { check, excerpt, formatEvent, INVARIANTS } from './checker.mjs';
 import { createNemesis } from './nemesis.mjs';
 import { now, rng } from './prng.mjs';
@@ -24,7 +25,8 @@ const MUTANT_BUILD = path.join(root, 'target', 'chaos-mutants', 'lock-redis.linu
 const MUTANTS = ['release-without-owner-check', 'skip-wait', 'counter-restarts'];
 
 const usage = () => {
-  console.log(`usage: npm run chaos -- [--seconds 60] [--seed S] [--mode standalone|sentinel] [--min-replicas N]
+  console.log(`usage: npm run chaos -- [--seconds 60] [--seed S] [--mode standalone|sentinel|cluster] [--min-replicas N]
+       [--notifications namespace|per-key|mixed] (mixed: even processes namespace, odd ones per-key)
        [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4]
        [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
 A mutant needs its build first: npm run build:chaos-mutants`);
@@ -35,6 +37,7 @@ const o = parseOptions(process.argv.slice(2), {
   seed: { type: 'string' },
   mode: { type: 'string', default: 'standalone' },
   'min-replicas': { type: 'string' },
+  notifications: { type: 'string', default: 'namespace' },
   procs: { type: 'string', default: '4' },
   workers: { type: 'string', default: '4' },
   keys: { type: 'string', default: '3' },
@@ -52,7 +55,8 @@ const int = (name, min) => {
   if (!Number.isInteger(v) || v < min) throw new Error(`--${name} must be an integer ≥ ${min}`);
   return v;
 };
-if (!['standalone', 'sentinel'].includes(o.mode)) throw new Error('--mode must be standalone or sentinel');
+if (!['standalone', 'sentinel', 'cluster'].includes(o.mode)) throw new Error('--mode must be standalone, sentinel or cluster');
+if (!['namespace', 'per-key', 'mixed'].includes(o.notifications)) throw new Error('--notifications must be namespace, per-key or mixed');
 if (o.mutant !== undefined && !MUTANTS.includes(o.mutant)) throw new Error(`--mutant must be one of ${MUTANTS.join(', ')}`);
 if (o.mutant && !existsSync(MUTANT_BUILD)) throw new Error('--mutant needs the mutant build: npm run build:chaos-mutants');
 const mode = o.mode;
@@ -60,11 +64,12 @@ const seed = o.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : int('s
 const minReplicas = o['min-replicas'] === undefined ? (mode === 'sentinel' ? 1 : 0) : int('min-replicas', 0);
 if (mode === 'standalone' && minReplicas > 0) throw new Error('--min-replicas needs --mode sentinel (a standalone server has no replicas)');
 const run = {
-  mode, seed, minReplicas, mutant: o.mutant ?? null,
+  mode, seed, minReplicas, mutant: o.mutant ?? null, notifications: o.notifications,
   seconds: int('seconds', 1), quietSeconds: int('quiet-seconds', 2),
   procs: int('procs', 2), workers: int('workers', 1), keys: int('keys', 1),
   leaseMs: int('lease-ms', 1), waitTimeoutMs: int('wait-ms', 0),
-  replicas: mode === 'sentinel' ? 2 : 0,
+  // Per primary: Sentinel's has two, each Cluster master one.
+  replicas: mode === 'sentinel' ? 2 : mode === 'cluster' ? 1 : 0,
   connectTimeoutMs: 1000, commandTimeoutMs: 1000, replicaTimeoutMs: 500,
   // Decision 0056: how long after the first Sentinel's announcement an acquire may still
   // start on the old primary (delivery of the message and the event loops of two processes).
@@ -78,6 +83,11 @@ const commit = (() => { try { return execFileSync('git', ['rev-parse', '--short'
 const dirty = (() => { try { return execFileSync('git', ['status', '--porcelain', '--', 'src', 'Cargo.toml', 'index.js'], { cwd: root, encoding: 'utf8' }).trim() !== ''; } catch { return null; } })();
 const namespace = `chaos-${seed}`;
 const keys = Array.from({ length: run.keys }, (_, i) => `chaos:key:${i}`);
+// Cluster: each key's slot (its lock key's hash tag, README "Keys": `<namespace>:lock:{<hex>}`
+// with the SHA-256 of the key, the fence key in the same slot), for the slot migrations and
+// for the checker's per-shard judgment.
+const keySlots = new Map();
+const notificationsFor = (p) => (run.notifications === 'mixed' ? (p % 2 === 0 ? 'namespace' : 'per-key') : run.notifications);
 const r = rng(seed, 0);
 
 const history = [];
@@ -87,17 +97,35 @@ const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFix
 
 // ------------------------------------------------------------------ servers ----
 log(`seed ${seed}, mode ${mode}, minReplicas ${minReplicas}${run.mutant ? `, MUTANT ${run.mutant}` : ''}, ${run.seconds} s`);
-const cluster = mode === 'sentinel' ? await startSentinelCluster() : await startStandalone();
+const cluster = mode === 'sentinel' ? await startSentinelCluster() : mode === 'cluster' ? await startRedisCluster() : await startStandalone();
 const proxies = [];
-let url;
+// Cluster: the three first masters are the URL's seed nodes, each behind one proxy shared by
+// every process. Only the seed connections go through them: the driver learns the real
+// node addresses from the Cluster (CLUSTER SLOTS, MOVED, ASK), and no proxy stands there.
+const seedNodes = mode === 'cluster' ? (await cluster.masters()).map((m) => m.node) : [];
 if (mode === 'sentinel') {
   for (const s of cluster.sentinels) proxies.push(await startProxy(s.port));
+} else if (mode === 'cluster') {
+  for (const n of seedNodes) proxies.push(await startProxy(n.port));
 } else {
   const primary = await cluster.primary();
   for (let p = 0; p < run.procs; p++) proxies.push(await startProxy(primary.port));
 }
+if (mode === 'cluster') {
+  for (const k of keys) {
+    const lockKey = `${namespace}:lock:{${createHash('sha256').update(k).digest('hex')}}`;
+    keySlots.set(k, Number(await admin(seedNodes[0].port, ['CLUSTER', 'KEYSLOT', lockKey], 1000)));
+  }
+  log(`key slots: ${[...keySlots].map(([k, s]) => `${k}=${s}`).join(' ')}`);
+}
 const urlFor = (p) => {
   if (mode === 'standalone') return `redis://127.0.0.1:${proxies[p].port}/0`;
+  if (mode === 'cluster') {
+    // The same first seed for every process (the node the nemesis kills a third of the
+    // time while it is a master), the other two in each process's own order.
+    const [first, ...rest] = proxies.map((x) => `127.0.0.1:${x.port}`);
+    return `redis://${[first, ...rng(seed, 500 + p).shuffle(rest)].join(',')}/0`;
+  }
   // Each process lists the Sentinels in its own order, so any of them may be the one a
   // driver hears first.
   const order = rng(seed, 500 + p).shuffle(proxies.map((x) => `127.0.0.1:${x.port}`));
@@ -159,7 +187,7 @@ function spawnClient(p) {
   const inc = c.inc;
   const cfg = {
     proc: p, incarnation: inc, workers: run.workers, keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs,
-    seed, url: urlFor(p), namespace, minReplicas: run.minReplicas, replicaTimeoutMs: run.replicaTimeoutMs,
+    seed, url: urlFor(p), cluster: mode === 'cluster', notifications: notificationsFor(p), namespace, minReplicas: run.minReplicas, replicaTimeoutMs: run.replicaTimeoutMs,
     connectTimeoutMs: run.connectTimeoutMs, commandTimeoutMs: run.commandTimeoutMs,
   };
   const child = fork(path.join(import.meta.dirname, 'client.mjs'), [], {
@@ -183,7 +211,7 @@ function spawnClient(p) {
 for (let p = 0; p < run.procs; p++) spawnClient(p);
 
 const nemesis = createNemesis({
-  cluster, proxies, record, r,
+  cluster, proxies, record, r, keySlots, seedNode: seedNodes[0] ?? null,
   clients: {
     count: run.procs,
     pid: (p) => clients[p].child?.pid ?? null,
@@ -200,6 +228,13 @@ const nemesis = createNemesis({
 });
 
 // ---------------------------------------------------------------- the run ----
+// The wall clock's rate against CLOCK_MONOTONIC, sampled every second: Redis expires keys on
+// the wall clock, the driver's deadlines are monotonic. On a host slewing its clock (this
+// one ran 4.8 ms/s fast during the first Cluster runs) a key expires up to leaseMs × that
+// rate before its lease's deadline; the checker allows exactly that (CHAOS.md).
+const clockSamples = [];
+const clockTimer = setInterval(() => clockSamples.push([now(), Date.now()]), 1000);
+clockSamples.push([now(), Date.now()]);
 await sleep(500);
 log('nemesis on');
 await nemesis.run(now() + run.seconds * 1000);
@@ -217,10 +252,11 @@ await Promise.all(clients.map(async (c, p) => {
   await c.exited;
   clearTimeout(t);
 }));
-const primary = await cluster.primary();
 let left = null;
 try {
-  left = (await admin(primary.port, ['KEYS', `${namespace}:lock:*`], 2000)).length;
+  const holders = mode === 'cluster' ? (await cluster.masters()).map((m) => m.node) : [await cluster.primary()];
+  left = 0;
+  for (const n of holders) left += (await admin(n.port, ['KEYS', `${namespace}:lock:*`], 2000)).length;
 } catch (err) {
   log(`could not count the lock keys: ${err.message}`);
 }
@@ -231,12 +267,27 @@ for (const x of proxies) await x.close();
 await cluster.stop();
 
 // -------------------------------------------------------------- the verdict ----
+clearInterval(clockTimer);
+clockSamples.push([now(), Date.now()]);
+// The fastest rate over any 10 s (Date.now() has 1 ms steps: shorter spans are noise).
+let fastest = 0;
+for (let i = 0; i < clockSamples.length; i++) {
+  for (let j = i + 1; j < clockSamples.length; j++) {
+    const mono = clockSamples[j][0] - clockSamples[i][0];
+    if (mono < 10_000) continue;
+    fastest = Math.max(fastest, (clockSamples[j][1] - clockSamples[i][1] - 2) / mono - 1);
+    break;
+  }
+}
+run.clockDriftMs = Number((Math.max(0, fastest) * run.leaseMs).toFixed(2));
+log(`wall clock vs monotonic: up to ${(fastest * 1000).toFixed(2)} ms/s fast, ${run.clockDriftMs} ms per lease`);
 const verdict = check(history, run);
 const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
 const summary = {
   command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`,
-  seed, mode, minReplicas, mutant: run.mutant, seconds: run.seconds,
-  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs },
+  seed, mode, minReplicas, notifications: run.notifications, mutant: run.mutant, seconds: run.seconds,
+  keySlots: mode === 'cluster' ? Object.fromEntries(keySlots) : undefined,
+  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs, clockDriftMs: run.clockDriftMs },
   result: verdict.ok ? 'pass' : 'fail',
   invariants: verdict.counts,
   ...verdict.stats,
@@ -250,7 +301,7 @@ if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_,
 console.log(JSON.stringify(summary, null, 2));
 if (!verdict.ok) {
   const shown = new Map();
-  console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
+  console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}, notifications ${run.notifications}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
   for (const v of verdict.violations) {
     const n = shown.get(v.invariant) ?? 0;
     shown.set(v.invariant, n + 1);
@@ -258,7 +309,7 @@ if (!verdict.ok) {
     console.log(`\n✗ ${v.invariant}: ${v.detail}`);
     for (const e of excerpt(verdict.events, v.around)) console.log(formatEvent(e, t0));
   }
-  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.mutant ? ` --mutant ${run.mutant}` : ''}`);
+  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.notifications !== 'namespace' ? ` --notifications ${run.notifications}` : ''}${run.mutant ? ` --mutant ${run.mutant}` : ''}`);
   process.exitCode = 1;
 } else {
   console.log(`\nPASSED: seed ${seed}, every invariant held.`);
