@@ -73,7 +73,7 @@ lease.fence = '1'
 const releasedText: string = await lease.release()
 // @ts-expect-error TS2339 there is no automatic renewal to switch on
 lease.autoRenew()
-// @ts-expect-error TS2345 keepAlive needs maxHoldMs: a stuck holder must not keep a lock forever
+// @ts-expect-error TS2741 keepAlive needs maxHoldMs: a stuck holder must not keep a lock forever
 lease.keepAlive({ everyMs: 1000 })
 // @ts-expect-error TS2540 the signal is read-only
 lease.signal = new AbortController().signal
