@@ -53,6 +53,17 @@ test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed an
   assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
 });
 
+test('a short seeded Cluster chaos run, both notification modes (masters killed and rejoining, forced and graceful failovers, a stopped master, a lock key\'s slot migrated) holds every invariant', { skip: external, timeout: 180_000 }, async () => {
+  // mixed: even processes `namespace`, odd ones `per-key`, so one run covers both.
+  const run = await chaos(['--seconds', '45', '--seed', '23001', '--mode', 'cluster', '--notifications', 'mixed']);
+  assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
+  const s = run.summary;
+  assert.equal(s.result, 'pass');
+  const shardFaults = ['master-kill', 'cluster-failover', 'cluster-failover-force', 'master-stop', 'slot-migrate'].reduce((n, k) => n + (s.faultsByKind[k] ?? 0), 0);
+  assert.ok(shardFaults >= 3, `only ${shardFaults} topology faults injected`);
+  assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
+});
+
 test('the checker catches a driver whose release skips the owner check (mutant build), prints the seed and the history, and exits non-zero', { skip: external, timeout: 120_000 }, async () => {
   assert.ok(existsSync(mutantBuild), 'the mutant build is missing: npm run build:chaos-mutants (npm test runs it)');
   const run = await chaos(['--seconds', '15', '--seed', '16003', '--mode', 'standalone', '--mutant', 'release-without-owner-check']);
