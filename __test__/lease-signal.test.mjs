@@ -8,7 +8,7 @@ import { once } from 'node:events';
 import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { eventually, failure, lockKeyOf, scriptCalls, thrown, uniqueNamespace, within, driverFor as sharedDriverFor } from './helpers/lock.mjs';
+import { eventually, failure, lockKeyOf, runNodeChild, scriptCalls, thrown, uniqueNamespace, within, driverFor as sharedDriverFor } from './helpers/lock.mjs';
 import { external, startRedis } from './helpers/redis.mjs';
 
 const require = createRequire(import.meta.url);
@@ -298,26 +298,8 @@ describe('lease.keepAlive', () => {
 });
 
 describe('process exit with signals and keep-alive', () => {
-  function runChild(source, ns, limitMs = 10_000) {
-    const child = spawn(process.execPath, ['--input-type=module', '-e', source], {
-      env: { ...process.env, LOCK_PACKAGE: PACKAGE, LOCK_REDIS_URL: redis.url, LOCK_NS: ns },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        child.kill('SIGKILL');
-        reject(new Error(`the child did not exit within ${limitMs} ms; stdout: ${stdout}; stderr: ${stderr}`));
-      }, limitMs);
-      child.on('exit', (code) => {
-        clearTimeout(timer);
-        resolve({ code, stdout, stderr });
-      });
-    });
-  }
+  const runChild = (source, ns, limitMs = 10_000) =>
+    runNodeChild(source, { LOCK_PACKAGE: PACKAGE, LOCK_REDIS_URL: redis.url, LOCK_NS: ns }, limitMs);
 
   const prelude = `
     import { createRequire } from 'node:module';

@@ -2,12 +2,11 @@
 // that ends by itself.
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import {
-  backend, eventually, failure, fenceKeyOf, lockKeyOf, scriptCalls, uniqueNamespace, within, driverFor as sharedDriverFor,
+  backend, eventually, failure, fenceKeyOf, lockKeyOf, runNodeChild, scriptCalls, uniqueNamespace, within, driverFor as sharedDriverFor,
 } from './helpers/lock.mjs';
 import { external, startRedis } from './helpers/redis.mjs';
 
@@ -193,25 +192,7 @@ describe('shutdown', () => {
 describe('process exit', () => {
   /** Runs an ESM snippet in a child node; resolves with its exit code, or fails if it outlives `limitMs`. */
   function runChild(source, ns = uniqueNamespace('child'), limitMs = 5000) {
-    const child = spawn(process.execPath, ['--input-type=module', '-e', source], {
-      env: { ...process.env, LOCK_PACKAGE: PACKAGE, LOCK_REDIS_URL: redis.url, LOCK_NS: ns },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
-    const started = performance.now();
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        child.kill('SIGKILL');
-        reject(new Error(`the child did not exit within ${limitMs} ms; stdout: ${stdout}; stderr: ${stderr}`));
-      }, limitMs);
-      child.on('exit', (code, signal) => {
-        clearTimeout(timer);
-        resolve({ code, signal, stdout, stderr, ms: performance.now() - started });
-      });
-    });
+    return runNodeChild(source, { LOCK_PACKAGE: PACKAGE, LOCK_REDIS_URL: redis.url, LOCK_NS: ns }, limitMs);
   }
 
   const prelude = `

@@ -1,6 +1,7 @@
 // Small utilities shared by the lock tests. Like redis.mjs, this file does not
 // load the package under test: every test file loads it itself.
 
+import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -195,5 +196,32 @@ export function subscribe(port, channel) {
       },
     };
     socket.write(`*2\r\n$9\r\nSUBSCRIBE\r\n$${Buffer.byteLength(channel)}\r\n${channel}\r\n`);
+  });
+}
+
+/**
+ * Runs an ESM snippet in a child node with `env` added to this process's; resolves with its
+ * exit code and signal, its output and how long it ran, or fails (killing it) if it outlives
+ * `limitMs`: a process that does not exit by itself is what the callers catch.
+ */
+export function runNodeChild(source, env, limitMs) {
+  const child = spawn(process.execPath, ['--input-type=module', '-e', source], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d) => { stdout += d; });
+  child.stderr.on('data', (d) => { stderr += d; });
+  const started = performance.now();
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`the child did not exit within ${limitMs} ms; stdout: ${stdout}; stderr: ${stderr}`));
+    }, limitMs);
+    child.on('exit', (code, signal) => {
+      clearTimeout(timer);
+      resolve({ code, signal, stdout, stderr, ms: performance.now() - started });
+    });
   });
 }
