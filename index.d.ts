@@ -176,7 +176,8 @@ export interface Lease extends AsyncDisposable {
   /**
    * Aborted the moment `valid` turns false, for any reason; `reason` is a `LockError`:
    * LEASE_EXPIRED (the local deadline passed, or `release()` was called), LEASE_LOST (a renew
-   * found another owner or none), OUTCOME_UNKNOWN (a renew whose outcome is unknown),
+   * found another owner or none, or, with Sentinel and minReplicas 0, a followed failover),
+   * OUTCOME_UNKNOWN (a renew whose outcome is unknown),
    * SHUT_DOWN (shutdown released it), or the error of the keep-alive renewal that failed.
    * Made at its first read: a lease whose signal is never read pays nothing for it.
    */

@@ -39,6 +39,9 @@ pub struct Lease {
     pub fence: String,
     /// leaseMs: how long each write makes the key live.
     pub lease_ms: u32,
+    /// The Sentinel epoch of the connection that made its last confirmed write (0 without
+    /// Sentinel): a change of primary after it may have lost the key (decision 0153).
+    written_in: AtomicU64,
     inner: Mutex<Times>,
 }
 
@@ -160,8 +163,20 @@ impl Lease {
             token,
             fence,
             lease_ms,
+            written_in: AtomicU64::new(0),
             inner: Mutex::new(times),
         }
+    }
+
+    /// Records that a write of this lease was confirmed on a connection of Sentinel
+    /// `epoch`; the newest such epoch is kept (a late renew of an older one changes nothing).
+    pub(crate) fn wrote_in(&self, epoch: u64) {
+        self.written_in.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// The Sentinel epoch of its last confirmed write.
+    pub(crate) fn written_in(&self) -> u64 {
+        self.written_in.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Times> {
@@ -347,6 +362,11 @@ impl Registry {
         self.map().map.get(&id).cloned()
     }
 
+    /// Every lease tracked now (a change of primary looks them over, decision 0153).
+    pub(crate) fn all(&self) -> Vec<Arc<Lease>> {
+        self.map().map.values().cloned().collect()
+    }
+
     /// Empties the registry for good (shutdown): later inserts are refused.
     pub(crate) fn close(&self) -> Vec<Arc<Lease>> {
         let mut tracked = self.map();
@@ -408,6 +428,15 @@ mod tests {
         let earlier = Instant::now() - Duration::from_millis(900);
         assert!(l.extend(earlier, earlier).is_ok());
         assert!(l.remaining_ms() > 900, "a renew submitted earlier must not shorten the lease");
+    }
+
+    #[test]
+    fn the_epoch_of_the_newest_write_is_kept_whatever_order_replies_come_in() {
+        let l = lease(1000, Instant::now());
+        assert_eq!(l.written_in(), 0);
+        l.wrote_in(2);
+        l.wrote_in(1); // a renew sent before the switch, confirmed after
+        assert_eq!(l.written_in(), 2);
     }
 
     #[test]

@@ -810,6 +810,59 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     holder.shutdown().await.unwrap();
 }
 
+/// Why `lease` ended, as its signal's reason gives it: None while it is valid.
+fn ended_code(lease: &dokebi_lock_redis::Lease) -> Option<LockErrorCode> {
+    lease.ended().map(|ended| ended.to_error().code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_failover_ends_leases_on_the_old_primary_with_min_replicas_0_and_keeps_them_with_1(
+) {
+    if support::external() {
+        return; // needs throwaway servers to fail over
+    }
+    // Decision 0153. Leases long enough to outlive the failover, so only the switch can end
+    // them. The replica has both keys (`replicated`): the leases did survive, but with
+    // minReplicas 0 the driver cannot know that, and the holder is told at once.
+    let (old, new, sentinel) = cluster(&[]);
+    let unconfirmed = ha_driver(&sentinel, "switch0", &[("leaseMs", 60_000.0)]);
+    let confirmed = ha_driver(&sentinel, "switch1", &[("leaseMs", 60_000.0), ("minReplicas", 1.0)]);
+    let lost = acquire(&unconfirmed, "k", 0).await.unwrap();
+    let kept = acquire(&confirmed, "k", 0).await.unwrap();
+    let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watcher: dokebi_lock_redis::Watcher = {
+        let told = told.clone();
+        std::sync::Arc::new(move |_| {
+            told.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    assert!(lost.watch(watcher.clone()).is_none() && kept.watch(watcher).is_none());
+    replicated(&old, &new);
+
+    sentinel.failover(Duration::from_secs(10));
+    eventually("both drivers to hear the switch", Duration::from_secs(10), || {
+        unconfirmed.primary_switches() >= 1 && confirmed.primary_switches() >= 1
+    })
+    .await;
+    eventually("the lease of minReplicas 0 to end", Duration::from_secs(5), || !lost.valid()).await;
+    assert_eq!(ended_code(&lost), Some(LockErrorCode::LeaseLost), "its signal says LEASE_LOST");
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1, "its watcher was told once");
+    assert!(kept.valid(), "the lease of minReplicas 1 was acknowledged by the replica: kept");
+    assert!(holds(&new, "switch1", "k"), "and the new primary has it");
+
+    // A lease written on the new primary is not ended by the switch already followed.
+    let after = acquire(&unconfirmed, "other", 0).await.unwrap();
+    assert!(holds(&new, "switch0", "other"));
+    assert!(after.valid() && ended_code(&after).is_none());
+    unconfirmed.renew(&after).await.unwrap();
+    // The ended lease is still ours on the new primary: release takes it back by token.
+    assert!(unconfirmed.release(&lost).await.unwrap());
+    assert!(unconfirmed.release(&after).await.unwrap());
+    assert!(confirmed.release(&kept).await.unwrap());
+    unconfirmed.shutdown().await.unwrap();
+    confirmed.shutdown().await.unwrap();
+}
+
 /// README.md, "Least privilege" for the Sentinels (checked against README below).
 const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master &+failover-state-send-slaveof-noone &-failover-abort-slave-timeout -@all +sentinel|get-master-addr-by-name +subscribe";
 /// The rule README gave before the failover-state channels (decision 0051): still enough
@@ -942,7 +995,9 @@ async fn least_privileged_run(sentinel_rule: &str) -> String {
     sentinel.failover(Duration::from_secs(10));
     eventually("the switch to be heard", Duration::from_secs(10), || d.primary_switches() >= 1)
         .await;
-    d.renew(&held).await.unwrap();
+    // With minReplicas 0 the switch ended the lease (decision 0153); by token it is ours.
+    eventually("the lease to end", Duration::from_secs(5), || !held.valid()).await;
+    assert_eq!(ended_code(&held), Some(LockErrorCode::LeaseLost));
     assert!(d.release(&held).await.unwrap());
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await

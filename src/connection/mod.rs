@@ -56,6 +56,12 @@ impl Conn {
     pub fn generation(&self) -> u64 {
         self.generation
     }
+
+    /// The Sentinel epoch of the primary it connects to (0 without Sentinel): a write on
+    /// it was made on that primary (decision 0153).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
 }
 
 #[derive(Clone)]

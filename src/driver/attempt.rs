@@ -83,6 +83,7 @@ impl Driver {
                             submitted,
                             answered,
                         );
+                        lease.wrote_in(conn.epoch());
                         this.won(&conn, lease).await
                     }
                     Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),

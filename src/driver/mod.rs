@@ -6,6 +6,7 @@
 mod acquire;
 mod attempt;
 mod cleanup;
+mod failover;
 mod keep_alive;
 mod shutdown;
 
@@ -57,6 +58,8 @@ struct Inner {
     /// Background cleanups that failed while shutdown was running.
     cleanup_failures: Mutex<Vec<LockError>>,
     shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
+    /// Whether the task that ends leases at a change of primary was started (`failover`).
+    following_failovers: std::sync::atomic::AtomicBool,
 }
 
 /// See [`Driver::downgrade`].
@@ -108,6 +111,7 @@ impl Driver {
                 tasks: TaskTracker::new(),
                 cleanup_failures: Mutex::new(Vec::new()),
                 shutdown_result: tokio::sync::OnceCell::new(),
+                following_failovers: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -213,8 +217,12 @@ impl Driver {
 
     pub(crate) fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
         let max = self.inner.options.max_tracked_leases;
+        self.follow_failovers();
         let refused = match self.inner.leases.insert(lease.clone(), max as usize) {
-            Ok(()) => return Ok(lease),
+            Ok(()) => {
+                self.check_written_on_current_primary(&lease);
+                return Ok(lease);
+            }
             // Other acquires filled the registry while this one was in flight.
             Err(Refused::Full) => too_many_leases(max),
             // Shutdown already drained the registry: it would never release this one.
@@ -355,7 +363,10 @@ impl Driver {
         }
         match scripts::parse_flag(&value) {
             Some(true) => match lease.extend(submitted, answered) {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    lease.wrote_in(conn.epoch());
+                    Ok(())
+                }
                 Err(NotExtended::Released) => Err(LockError::new(
                     LockErrorCode::LeaseExpired,
                     "the lease was released while the renew was in flight",
