@@ -895,3 +895,76 @@ async fn in_a_cluster_winners_on_many_slots_of_one_node_share_its_wait_rounds() 
     assert!((1..=3).contains(&waits), "node 0 ran {waits} WAITs for 10 winners");
     d.shutdown().await.unwrap();
 }
+
+/// The URL's node SIGSTOPped past cluster-node-timeout while the driver is idle: not dead,
+/// so its connections stay open and its socket still accepts, and nothing tells redis-rs
+/// that its replica took over (no MOVED, no lost connection). Once the replica serves its
+/// slots, every shard serves acquires again while the node is still stopped, as after a
+/// kill (2–8 s here). Before decision 0162 its shard timed out for as long as it stayed
+/// stopped (50 s here, in both notification modes).
+async fn a_stopped_url_node_stops_no_shard(mode: &str) {
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start_nodes(6, &["--cluster-node-timeout", "1000"])
+    })
+    .await
+    .unwrap();
+    let namespace = "stopped";
+    let d = driver_on(cluster.nodes[0].url(), namespace, mode);
+    let keys = key_per_master(&cluster, namespace);
+    for key in &keys {
+        let lease = d.acquire(key, Some(0), CancellationToken::new()).await.unwrap();
+        assert!(d.release(&lease).await.unwrap());
+    }
+    for master in 0..3 {
+        eventually("the replica's copy", Duration::from_secs(15), || {
+            cluster.nodes[master].command(&["WAIT", "1", "500"]).starts_with(":1")
+        })
+        .await;
+    }
+    cluster.nodes[0].pause();
+    let lock = dokebi_lock_redis::testing::KeyNames::new(namespace, &keys[0]).lock;
+    let end = Instant::now() + Duration::from_secs(30);
+    while cluster.try_owner(&lock, &[0]).is_none()
+        || !cluster.nodes[1].command(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+    {
+        assert!(Instant::now() < end, "no replica took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recovered_from = Instant::now();
+    // The stopped node's shard first (its key's first command stalls), then the others.
+    for key in &keys {
+        let end = recovered_from + Duration::from_secs(50);
+        loop {
+            match d.acquire(key, Some(0), CancellationToken::new()).await {
+                Ok(lease) => {
+                    assert!(d.release(&lease).await.unwrap(), "released on its shard");
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < end, "{key}: still failing: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!(
+        "{mode}: every shard served acquires {:?} after cluster_state:ok, the node still stopped",
+        recovered_from.elapsed()
+    );
+    cluster.nodes[0].resume();
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_url_node_stops_no_shard_once_its_replica_takes_over_namespace_channel() {
+    if support::external() {
+        return;
+    }
+    a_stopped_url_node_stops_no_shard("namespace").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_url_node_stops_no_shard_once_its_replica_takes_over_per_key() {
+    if support::external() {
+        return;
+    }
+    a_stopped_url_node_stops_no_shard("per-key").await;
+}

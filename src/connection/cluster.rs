@@ -15,7 +15,7 @@ use futures::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::Connect;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture,
     Value,
@@ -79,6 +79,8 @@ pub(crate) struct ClusterNodes {
     /// host:port)`. Only groups WAITs by node (decision 0142); redis-rs routes by its own map.
     masters: Mutex<Vec<(u16, u16, String)>>,
     last_learned: Mutex<Option<Instant>>,
+    /// When the slot map was last nudged after a stall ([`ClusterNodes::nudge`]).
+    last_nudged: Mutex<Option<Instant>>,
     tls: Option<TlsOptions>,
     connect_timeout: Duration,
     /// Where the next classic subscription connection starts looking.
@@ -103,6 +105,7 @@ impl ClusterNodes {
             learned: Mutex::new(Vec::new()),
             masters: Mutex::new(Vec::new()),
             last_learned: Mutex::new(None),
+            last_nudged: Mutex::new(None),
             tls: tls.cloned(),
             connect_timeout,
             next_subscriber: AtomicUsize::new(0),
@@ -145,10 +148,35 @@ impl ClusterNodes {
 
     /// The connection for commands. No retries: redis-rs would resend a command after an
     /// I/O error, and a command with an unsettled outcome is never retried (redirects are
-    /// followed in `eval`).
-    pub(super) async fn open_commands(&self) -> redis::RedisResult<ClusterConn> {
-        let client = self.builder().retries(0).build()?;
+    /// followed in `eval`). Replies are waited for commandTimeoutMs, as by the callers, and
+    /// that bound matters for what redis-rs sends itself: its slot-map refresh asks the known
+    /// nodes one by one under a lock every command waits for, and without a bound a
+    /// SIGSTOPped node held it, and every shard, for as long as it stayed stopped
+    /// (`tests/cluster.rs` `a_stopped_url_node_…`).
+    pub(super) async fn open_commands(
+        &self,
+        command_timeout: Duration,
+    ) -> redis::RedisResult<ClusterConn> {
+        let client = self.builder().retries(0).response_timeout(command_timeout).build()?;
         client.get_async_generic_connection::<QuietNode>().await
+    }
+
+    /// [`open_commands`](Self::open_commands), then the slot map learned; when it named
+    /// nodes the connection was not built with (the first connect knows only the seeds), the
+    /// connection is built again from every node known. redis-rs reconnects from a
+    /// connection's initial nodes when it finds none it can use, and from the seeds alone
+    /// that fails for as long as they are down or stopped, whatever the other nodes do.
+    pub(super) async fn open_commands_learned(
+        &self,
+        command_timeout: Duration,
+    ) -> redis::RedisResult<ClusterConn> {
+        let first = self.open_commands(command_timeout).await?;
+        let built_with = self.all().len();
+        self.learn(&first).await;
+        if self.all().len() == built_with {
+            return Ok(first);
+        }
+        Ok(self.open_commands(command_timeout).await.unwrap_or(first))
     }
 
     /// A RESP3 connection for sharded subscriptions, its pushes sent to `pushes`. Unlike
@@ -218,7 +246,54 @@ impl ClusterNodes {
     }
 }
 
+/// How often a stall may nudge redis-rs into reading the slot map again.
+const NUDGE_EVERY: Duration = Duration::from_secs(1);
+
 impl ClusterNodes {
+    /// After a command on `key` got no reply within commandTimeoutMs. redis-rs reads the
+    /// slot map again only on a MOVED or a lost connection, and a master that stopped
+    /// answering without closing its socket (SIGSTOP, a hung host) gives neither: after its
+    /// replica took over, its slots would still be sent to it for as long as it stayed
+    /// stopped (`tests/cluster.rs` `a_stopped_url_node_…`). So the key's PTTL (README's ACL
+    /// rule grants it; no write) is sent, routed by redis-rs's own map, to the master of a
+    /// slot another master serves: that one answers MOVED, which makes redis-rs refresh
+    /// its map. Not by address: an address redis-rs holds no connection to fails as "no
+    /// connection found", and redis-rs answers that by reconnecting every node from its
+    /// initial ones. At most once per [`NUDGE_EVERY`]; nobody waits for the answer.
+    pub(super) fn nudge(&self, conn: &ClusterConn, key: &str, timeout: Duration) {
+        let Some(tag) = key.split_once('{').and_then(|(_, rest)| rest.split_once('}')) else {
+            return;
+        };
+        {
+            let mut last = crate::sync::lock(&self.last_nudged);
+            if last.is_some_and(|at| at.elapsed() < NUDGE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let slot = slot_of_tag(tag.0);
+        let elsewhere = {
+            let masters = crate::sync::lock(&self.masters);
+            let owner = masters.iter().find(|(first, last, _)| (*first..=*last).contains(&slot));
+            masters
+                .iter()
+                .find(|(_, _, node)| owner.is_none_or(|o| &o.2 != node))
+                .map(|(first, _, _)| *first)
+        };
+        // Before the map was learned: the opposite half of the slots, another master in any
+        // Cluster of several; if it is the same one, it answers and nothing is lost.
+        let elsewhere = elsewhere.unwrap_or((slot + 8192) % 16384);
+        let mut conn = conn.clone();
+        let ask = redis::cmd("PTTL").arg(key).clone();
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            elsewhere,
+            SlotAddr::Master,
+        )));
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, conn.route_command(ask, route)).await;
+        });
+    }
+
     /// `host:port` of the master that served `slot` when the slot map was last learned.
     pub(super) fn master_of(&self, slot: u16) -> Option<String> {
         let masters = crate::sync::lock(&self.masters);

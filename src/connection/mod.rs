@@ -128,7 +128,7 @@ enum Target {
     /// The primary Sentinel names, asked again at each connect.
     Sentinel(Arc<Sentinel>),
     /// A Cluster, through any node known (`cluster`).
-    Cluster(cluster::ClusterNodes),
+    Cluster(Box<cluster::ClusterNodes>),
 }
 
 /// The connection of one backend (decision 0004): where it connects, the connection
@@ -187,11 +187,11 @@ impl RedisLink {
                     driver_id,
                 )?))
             }
-            None if options.cluster => Target::Cluster(cluster::ClusterNodes::new(
+            None if options.cluster => Target::Cluster(Box::new(cluster::ClusterNodes::new(
                 &options.seeds,
                 options.tls.as_ref(),
                 connect_timeout,
-            )?),
+            )?)),
             None => Target::Fixed(Box::new(NodeClients::new(
                 options.url.as_str().into_connection_info()?,
                 options.tls.as_ref(),
@@ -319,9 +319,10 @@ impl RedisLink {
         let connect = async {
             match &self.target {
                 Target::Cluster(nodes) => {
-                    let conn =
-                        nodes.open_commands().await.map_err(|e| RedisFailure::connect(&e))?;
-                    nodes.learn(&conn).await;
+                    let conn = nodes
+                        .open_commands_learned(self.command_timeout)
+                        .await
+                        .map_err(|e| RedisFailure::connect(&e))?;
                     Ok((Handle::Cluster(conn), 0))
                 }
                 Target::Fixed(node) => Ok((
@@ -401,6 +402,19 @@ impl RedisLink {
     pub fn forget(&self, conn: &Conn) {
         if !matches!(conn.inner, Handle::Cluster(_)) {
             self.drop_shared(conn);
+        }
+    }
+
+    /// A command on `key` got no reply within commandTimeoutMs on `conn`. On a single node
+    /// the connection is dropped ([`forget`](Self::forget)); in a Cluster it is kept, and
+    /// redis-rs is nudged to read the slot map again, in case the key's master stopped
+    /// answering and a replica took over (`cluster::ClusterNodes::nudge`).
+    pub fn stalled(&self, conn: &Conn, key: &str) {
+        self.forget(conn);
+        if let (Target::Cluster(nodes), Handle::Cluster(cluster), false) =
+            (&self.target, &conn.inner, key.is_empty())
+        {
+            nodes.nudge(cluster, key, self.command_timeout);
         }
     }
 

@@ -141,7 +141,7 @@ impl RedisLink {
             Ok(reply) => reply.map(|v| (v, submitted, conn)),
             Err(_) => {
                 // Later commands would queue behind the stalled one on this connection.
-                self.forget(&conn);
+                self.stalled(&conn, call.keys.first().map_or("", String::as_str));
                 Err(RedisFailure::command_timeout())
             }
         }

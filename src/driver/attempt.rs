@@ -63,7 +63,7 @@ impl Driver {
             let reply = tokio::select! {
                 reply = &mut eval => reply,
                 _ = tokio::time::sleep(link.command_timeout) => {
-                    link.forget(&conn);
+                    link.stalled(&conn, &keys.lock);
                     let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
                     // We stop waiting now: a key it set lives until now + leaseMs, if the
                     // command ran by now (decision 0005 on a reply that never comes).
