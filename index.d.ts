@@ -218,7 +218,7 @@ export interface LockDriverStats {
   inProgress: number
   trackedLeases: number
   /** The release-notification connection (with `notifications: 'per-key'`: the one connection for every key's channel). */
-  subscription: 'off' | 'starting' | 'live' | 'unsupported' | 'failed'
+  subscription: 'off' | 'starting' | 'live' | 'partial' | 'unsupported' | 'failed'
   /** Acquire scripts sent to Redis. */
   redisAttempts: number
   notificationsReceived: number

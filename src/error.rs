@@ -168,6 +168,12 @@ const RIDE_OUT_SERVER_CODES: [&str; 9] = [
 ];
 /// What a command that reached no Cluster node failed with.
 const NO_CLUSTER_NODE: &str = "no connection to a Cluster node, so nothing was sent";
+/// What a command failed with when the Cluster connection's own task had ended.
+const CLUSTER_CONNECTION_ENDED: &str = "the Cluster connection had ended, so nothing was sent";
+/// redis-rs 1.8's words when a Cluster connection cannot queue a command because its task
+/// ended (`cluster_async`, `route_command`): the command never left the process. Its other
+/// words, "Unable to receive command", come after queueing and stay unknown.
+const REDIS_RS_CLUSTER_UNABLE_TO_SEND: &str = "redis_cluster: Unable to send command";
 /// Refused credentials or permissions: waiting cannot fix them.
 const REFUSAL_SERVER_CODES: [&str; 3] = ["WRONGPASS", "NOAUTH", "NOPERM"];
 
@@ -224,6 +230,34 @@ impl RedisFailure {
                 RedisErrorCode::ConnectionFailed,
                 Outcome::NotSubmitted,
                 NO_CLUSTER_NODE,
+            );
+        }
+        // Also raised before anything was written (decision 0160): a Cluster connection
+        // whose task ended, a node connection refused (a refusal comes only from a connect,
+        // which a Cluster makes on a command's behalf), and redis-rs refusing the command
+        // itself.
+        if is_cluster_connection_ended(err) {
+            return Self::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                CLUSTER_CONNECTION_ENDED,
+            );
+        }
+        if err.is_connection_refusal() {
+            return Self::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                "could not connect to Redis",
+            );
+        }
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::InvalidClientConfig | redis::ErrorKind::RESP3NotSupported
+        ) {
+            return Self::new(
+                RedisErrorCode::ConnectionFailed,
+                Outcome::NotSubmitted,
+                "the Redis client refused the command before sending it",
             );
         }
         // redis-rs cannot tell a command that never left the process from one Redis ran
@@ -288,9 +322,11 @@ impl RedisFailure {
         matches!(self.outcome, Outcome::NotSubmitted | Outcome::Rejected)
     }
 
-    /// A Cluster connection reached no node, so sent nothing (see [`Self::command`]).
+    /// A Cluster connection reached no node, or had ended, so sent nothing (see
+    /// [`Self::command`]): it is to be built anew.
     pub(crate) fn reached_no_node(&self) -> bool {
-        self.outcome == Outcome::NotSubmitted && self.message == NO_CLUSTER_NODE
+        self.outcome == Outcome::NotSubmitted
+            && (self.message == NO_CLUSTER_NODE || self.message == CLUSTER_CONNECTION_ENDED)
     }
 
     /// The server does not have the script (NOSCRIPT): EVAL it once.
@@ -305,6 +341,15 @@ impl RedisFailure {
     fn server_code_in(&self, codes: &[&str]) -> bool {
         self.server_code.as_deref().is_some_and(|c| codes.contains(&c))
     }
+}
+
+/// redis-rs could not hand the command to its Cluster connection's task (see
+/// [`REDIS_RS_CLUSTER_UNABLE_TO_SEND`]).
+fn is_cluster_connection_ended(err: &redis::RedisError) -> bool {
+    // Only compared, never passed on: the io::Error is redis-rs's own, with its own words.
+    err.kind() == redis::ErrorKind::Io
+        && err.is_connection_dropped()
+        && err.to_string() == REDIS_RS_CLUSTER_UNABLE_TO_SEND
 }
 
 /// The error-reply code of a server error, or `None` for client-side failures.
@@ -479,6 +524,40 @@ mod tests {
         assert_eq!(f.outcome, Outcome::Unknown);
         assert!(f.retryable());
         assert_eq!(LockError::from_redis(f).code, LockErrorCode::OutcomeUnknown);
+    }
+
+    #[test]
+    fn failures_raised_before_anything_was_sent_are_provider_failed() {
+        let io = |kind, text: &str| -> redis::RedisError { std::io::Error::new(kind, text).into() };
+        use std::io::ErrorKind::{BrokenPipe, ConnectionRefused};
+        let cases = [
+            // redis-rs's Cluster connection, its task ended: never queued, and rebuilt.
+            (io(BrokenPipe, "redis_cluster: Unable to send command"), true),
+            // A node connection refused while a Cluster connects on the command's behalf.
+            (io(ConnectionRefused, "connection refused"), false),
+            ((redis::ErrorKind::ClusterConnectionNotFound, "No connections found").into(), true),
+            ((redis::ErrorKind::InvalidClientConfig, "Invalid node string").into(), false),
+        ];
+        for (err, rebuilds) in cases {
+            let f = RedisFailure::command(&err);
+            assert_eq!(
+                (f.code, f.outcome),
+                (RedisErrorCode::ConnectionFailed, Outcome::NotSubmitted)
+            );
+            assert!(f.rides_out_waiting(), "{err:?}");
+            assert_eq!(f.reached_no_node(), rebuilds, "{err:?}");
+            assert_eq!(LockError::from_redis(f).code, LockErrorCode::ProviderFailed);
+        }
+        // After queueing, or not knowable: unknown. A multiplexed connection says broken pipe
+        // both when the command was never queued and when its reply was lost (decision 0003).
+        for err in [
+            io(BrokenPipe, "redis_cluster: Unable to receive command"),
+            std::io::Error::from(BrokenPipe).into(),
+        ] {
+            let f = RedisFailure::command(&err);
+            assert_eq!(f.outcome, Outcome::Unknown, "{err:?}");
+            assert_eq!(LockError::from_redis(f).code, LockErrorCode::OutcomeUnknown);
+        }
     }
 
     #[test]

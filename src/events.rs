@@ -42,16 +42,17 @@ pub(crate) fn notify_failed(driver: u64, cause: &RedisFailure) {
     );
 }
 
-/// Per-key notifications on a Cluster without sharded pub/sub (Redis < 7.0, or SSUBSCRIBE
-/// refused): classic PUBLISH/SUBSCRIBE on the key's channel instead, which every node
-/// relays to every other (decision 0064). Said once per backend.
+/// Per-key notifications on a Cluster node without sharded pub/sub (Redis < 7.0, SPUBLISH
+/// renamed or denied): classic PUBLISH/SUBSCRIBE on the channels of that node's keys, which
+/// every node relays to every other (decisions 0064, 0160). Said once per backend, at the
+/// first such key; other nodes' keys stay sharded.
 pub(crate) fn notify_unsharded(driver: u64) {
     tracing::info!(
         target: TARGET,
         driver,
         code = "LOCK_NOTIFY_UNSHARDED",
         reason = "unsupported",
-        "this Redis Cluster has no sharded pub/sub; per-key notifications use classic PUBLISH/SUBSCRIBE"
+        "a node of this Redis Cluster has no sharded pub/sub; per-key notifications of its keys use classic PUBLISH/SUBSCRIBE"
     );
 }
 

@@ -44,7 +44,7 @@ pub struct Stats {
     pub in_progress: usize,
     /// Leases handed out and not yet released.
     pub tracked_leases: usize,
-    /// `off`, `starting`, `live`, `unsupported` or `failed`.
+    /// `off`, `starting`, `live`, `partial`, `unsupported` or `failed`.
     pub subscription: &'static str,
     /// Acquire scripts sent to Redis.
     pub redis_attempts: u64,

@@ -32,8 +32,13 @@ impl Cluster {
 
     /// `count` nodes: 3 masters, and with 6 a replica of each.
     fn start_nodes(count: usize, extra: &[&str]) -> Self {
+        Self::start_each(count, |_| extra.to_vec())
+    }
+
+    /// `count` nodes, node `i` started with `extra(i)` redis-server arguments too.
+    fn start_each<'a>(count: usize, extra: impl Fn(usize) -> Vec<&'a str>) -> Self {
         let nodes: Vec<_> = (0..count)
-            .map(|_| {
+            .map(|i| {
                 let port = free_port();
                 let mut args = vec![
                     "--cluster-enabled",
@@ -43,7 +48,7 @@ impl Cluster {
                     "--cluster-node-timeout",
                     "2000",
                 ];
-                args.extend_from_slice(extra);
+                args.extend(extra(i));
                 RedisServer::start_with_args(&args)
             })
             .collect();
@@ -377,6 +382,180 @@ async fn without_sharded_pubsub_per_key_notifications_say_so_once_and_fall_back_
         .map(|(_, code)| code.clone())
         .collect();
     assert_eq!(ours, ["LOCK_NOTIFY_UNSHARDED"], "said once; nothing is unavailable");
+    d.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// A per-key driver on the Cluster with its own safety intervals and a 60 s lease, so that
+/// a waiter that neither hears the release nor polls fast runs out its wait.
+fn per_key_driver_intervals(
+    cluster: &Cluster,
+    namespace: &str,
+    poll_ms: f64,
+    notify_poll_ms: f64,
+) -> dokebi_lock_redis::Driver {
+    use dokebi_lock_redis::{parse_backend, parse_connection};
+    let fields = [
+        ("driver", Raw::String("redis".into())),
+        ("connection", Raw::String("main".into())),
+        ("namespace", Raw::String(namespace.into())),
+        ("notifications", Raw::String("per-key".into())),
+        ("pollIntervalMs", Raw::Number(poll_ms)),
+        ("notifyPollIntervalMs", Raw::Number(notify_poll_ms)),
+        ("leaseMs", Raw::Number(60_000.0)),
+    ];
+    let backend =
+        parse_backend(&Raw::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+            .unwrap();
+    let conn = connection(cluster.nodes[0].url(), &[("cluster", Raw::Bool(true))]);
+    dokebi_lock_redis::Driver::new(&parse_connection(&conn).unwrap(), backend).unwrap()
+}
+
+/// Three masters; master 0 alone has SSUBSCRIBE renamed away (SPUBLISH still works there,
+/// as everywhere): the repro, also what an ACL denying only SSUBSCRIBE gives.
+fn cluster_with_one_master_refusing_ssubscribe() -> Cluster {
+    let cluster = Cluster::start_each(3, |i| {
+        if i == 0 {
+            vec!["--rename-command", "SSUBSCRIBE", ""]
+        } else {
+            vec![]
+        }
+    });
+    assert!(cluster.nodes[0].command(&["SSUBSCRIBE", "x"]).contains("unknown command"));
+    // (Answered, or MOVED for a slot of another master: known either way.)
+    assert!(!cluster.nodes[0].command(&["SPUBLISH", "x", "y"]).contains("unknown command"));
+    cluster
+}
+
+fn channel_of(namespace: &str, key: &str) -> String {
+    let hash = dokebi_lock_redis::testing::KeyNames::new(namespace, key).hash.to_string();
+    format!("{namespace}:lock-released:{{{hash}}}")
+}
+
+/// Decision 0160: one master's refusal of SSUBSCRIBE is no verdict on the others. With a
+/// waiter on a key of the refusing master already waiting, a waiter on another master's key
+/// still subscribes sharded there and wakes by the release's notification; safety polls of
+/// a minute mean it could not have got the lock otherwise within its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_masters_refusal_of_ssubscribe_leaves_the_other_masters_keys_sharded_and_heard() {
+    if support::external() {
+        return;
+    }
+    let cluster =
+        tokio::task::spawn_blocking(cluster_with_one_master_refusing_ssubscribe).await.unwrap();
+    let holder = per_key_driver_intervals(&cluster, "one", 60_000.0, 60_000.0);
+    let d = per_key_driver_intervals(&cluster, "one", 60_000.0, 60_000.0);
+    let keys = key_per_master(&cluster, "one");
+    let (refused, heard) = (keys[0].clone(), keys[1].clone());
+    let held_refused = holder.acquire(&refused, None, CancellationToken::new()).await.unwrap();
+    let held_heard = holder.acquire(&heard, None, CancellationToken::new()).await.unwrap();
+
+    // First a waiter on the refusing master's key: it meets the refusal.
+    let cancel_refused = CancellationToken::new();
+    let waiter_refused = tokio::spawn({
+        let (d, key, cancel) = (d.clone(), refused.clone(), cancel_refused.clone());
+        async move { d.acquire(&key, Some(20_000), cancel).await }
+    });
+    eventually("the refusal judged", Duration::from_secs(10), || {
+        d.stats().subscription == "partial"
+    })
+    .await;
+    let waiter_heard = tokio::spawn({
+        let (d, key) = (d.clone(), heard.clone());
+        async move { d.acquire(&key, Some(20_000), CancellationToken::new()).await }
+    });
+    eventually("the other key's subscription", Duration::from_secs(10), || {
+        d.subscribed_keys() == 1
+    })
+    .await;
+    // Sharded, at its own master; classic nowhere.
+    let channel = channel_of("one", &heard);
+    assert_eq!(subscribers(&cluster.nodes[1], "SHARDNUMSUB", &channel), 1);
+    for node in &cluster.nodes {
+        assert_eq!(subscribers(node, "NUMSUB", &channel), 0);
+    }
+    assert_eq!(d.stats().subscription, "partial", "the refusing master's key is still unheard");
+
+    assert!(holder.release(&held_heard).await.unwrap());
+    let lease = waiter_heard.await.unwrap().expect("woken by the notification");
+    assert_eq!(d.notifications_received(), 1);
+    d.release(&lease).await.unwrap();
+    // (How the refusing master's key is handed over: the test below.)
+    cancel_refused.cancel();
+    assert!(waiter_refused.await.unwrap().is_err());
+    holder.release(&held_refused).await.unwrap();
+    d.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
+}
+
+/// Decision 0160: a key of the master that refuses SSUBSCRIBE while accepting SPUBLISH
+/// cannot be heard (its release is SPUBLISHed where nobody can subscribe), so its waiter
+/// polls at pollIntervalMs (here 50 ms; notifyPollIntervalMs is a minute, longer than the
+/// wait), `stats()` says `partial`, and nothing is subscribed for it. When the key's slot
+/// moves to a master with sharded pub/sub, the key is judged again and heard there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_the_refusing_master_is_polled_fast_reported_partial_and_judged_again_after_a_slot_move(
+) {
+    if support::external() {
+        return;
+    }
+    let cluster =
+        tokio::task::spawn_blocking(cluster_with_one_master_refusing_ssubscribe).await.unwrap();
+    let holder = per_key_driver_intervals(&cluster, "deaf", 60_000.0, 60_000.0);
+    let d = per_key_driver_intervals(&cluster, "deaf", 50.0, 60_000.0);
+    let key = key_per_master(&cluster, "deaf")[0].clone();
+    let channel = channel_of("deaf", &key);
+    let hash = dokebi_lock_redis::testing::KeyNames::new("deaf", &key).hash.to_string();
+
+    let held = holder.acquire(&key, None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (d, key) = (d.clone(), key.clone());
+        async move { d.acquire(&key, Some(20_000), CancellationToken::new()).await }
+    });
+    eventually("the key judged unheard", Duration::from_secs(10), || {
+        d.stats().subscription == "partial"
+    })
+    .await;
+    assert_eq!(d.subscribed_keys(), 0);
+    for node in &cluster.nodes {
+        assert_eq!(subscribers(node, "SHARDNUMSUB", &channel), 0);
+        assert_eq!(subscribers(node, "NUMSUB", &channel), 0, "a classic one would hear nothing");
+    }
+    // It polls: attempts keep coming while it waits.
+    let attempts = d.stats().redis_attempts;
+    eventually("more attempts", Duration::from_secs(10), || {
+        d.stats().redis_attempts >= attempts + 3
+    })
+    .await;
+    assert!(holder.release(&held).await.unwrap());
+    let lease = waiter.await.unwrap().expect("the fast poll finds the key free within the wait");
+    assert_eq!(d.notifications_received(), 0, "nothing could be heard");
+    d.release(&lease).await.unwrap();
+
+    // The slot moves to a master with sharded pub/sub: judged again, the key is heard there.
+    let held = holder.acquire(&key, None, CancellationToken::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (d, key) = (d.clone(), key.clone());
+        async move { d.acquire(&key, Some(30_000), CancellationToken::new()).await }
+    });
+    eventually("the key judged unheard again", Duration::from_secs(10), || {
+        d.stats().subscription == "partial"
+    })
+    .await;
+    let (from, to) = move_slot(&cluster, "deaf", &hash);
+    assert_eq!((from, to), (0, 1));
+    // Judged again within REJUDGE (5 s): 25 s is five times that.
+    eventually("the key subscribed at its new master", Duration::from_secs(25), || {
+        d.subscribed_keys() == 1 && d.stats().subscription == "live"
+    })
+    .await;
+    assert_eq!(subscribers(&cluster.nodes[to], "SHARDNUMSUB", &channel), 1);
+    assert!(holder.release(&held).await.unwrap());
+    // Live now, the waiter sleeps notifyPollIntervalMs (a minute, beyond its 30 s wait and
+    // the key's lease): only the notification hands the key over before its wait ends.
+    let lease = waiter.await.unwrap().expect("woken by the notification");
+    assert_eq!(d.notifications_received(), 1);
+    d.release(&lease).await.unwrap();
     d.shutdown().await.unwrap();
     holder.shutdown().await.unwrap();
 }

@@ -89,7 +89,7 @@ createRedisLockDriver(throughSentinel, minimal)
 // Metrics: cheap to poll.
 function metrics(d: LockDriver): Record<string, number> {
   const stats: LockDriverStats = d.stats()
-  const subscription: 'off' | 'starting' | 'live' | 'unsupported' | 'failed' = stats.subscription
+  const subscription: 'off' | 'starting' | 'live' | 'partial' | 'unsupported' | 'failed' = stats.subscription
   const busy: number = stats.errors.LOCK_BUSY
   const errors = Object.entries(stats.errors).reduce((sum, [, n]) => sum + n, 0)
   return {

@@ -2,7 +2,7 @@
 //! connection when a waiter first needs it, subscribes the channels registered, delivers
 //! notifications, lets channels go a grace period after their last waiter, and closes the
 //! connection when none is left. Failures, changes of primary, a refused SUBSCRIBE and
-//! shutdown are handled here once (decisions 0007, 0046, 0061, 0063, 0064, 0110).
+//! shutdown are handled here once (decisions 0007, 0046, 0061, 0063, 0110, 0160).
 //!
 //! Every await watches for shutdown: `shutdown()` waits for this task.
 
@@ -13,7 +13,8 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::modes::{lost, Carrier, Event, Subscribed};
+use super::modes::{lost, Carrier, Event, Judged, Subscribed};
+use super::tracker::{Verdict, Via};
 use super::RESUBSCRIBE_AFTER_FAILURE;
 use super::{primary_switched, sleep_until_opt, Shared, SubscriptionState};
 use crate::backoff::Backoff;
@@ -43,8 +44,6 @@ enum Ended {
     Idle,
     /// Sentinel moved the primary: releases are published there now.
     Switched,
-    /// SSUBSCRIBE is refused as a command: classic pub/sub instead (decision 0064).
-    Unsharded,
     Unsupported,
     Lost(RedisFailure),
 }
@@ -62,26 +61,19 @@ pub(super) async fn run(
     loop {
         let opened = tokio::select! {
             _ = stopping.cancelled() => break,
-            opened = Carrier::open(&link, shared.is_sharded()) => opened,
+            opened = Carrier::open(&link, shared.mode.sharded()) => opened,
         };
         let failure = match opened {
             Ok(carrier) => {
                 {
                     let mut state = shared.lock();
                     state.conn = SubscriptionState::Live;
-                    state.channels.resend_all();
+                    state.channels.new_connection();
                 }
                 match serve(&shared, carrier, &link, &lines, &stopping, &mut switches).await {
                     Ended::Stopped => break,
                     Ended::Idle => return,
                     Ended::Switched => {
-                        restart(&shared);
-                        continue;
-                    }
-                    Ended::Unsharded => {
-                        // Said once; the keys go out again on a classic connection.
-                        shared.unsharded.store(true, std::sync::atomic::Ordering::Release);
-                        events::notify_unsharded(shared.driver_id);
                         restart(&shared);
                         continue;
                     }
@@ -121,7 +113,10 @@ async fn serve(
     let mut send_at = Some(Instant::now() + BATCH_WINDOW);
     let mut retry = Retry::default();
     loop {
-        let due = shared.lock().channels.next_due();
+        let (due, rejudge) = {
+            let state = shared.lock();
+            (state.channels.next_due(), state.channels.next_rejudge())
+        };
         let send = send_at.into_iter().chain(retry.at).min();
         tokio::select! {
             _ = stopping.cancelled() => return Ended::Stopped,
@@ -172,11 +167,18 @@ async fn serve(
                     idle
                 };
                 if !idle.is_empty() {
-                    let channels: Vec<String> = idle.iter().map(|k| shared.mode.channel(k)).collect();
+                    let channels: Vec<_> =
+                        idle.iter().map(|(k, held)| (shared.mode.channel(k), *held)).collect();
                     tokio::select! {
                         _ = stopping.cancelled() => return Ended::Stopped,
                         _ = carrier.unsubscribe(&channels, link) => {}
                     }
+                }
+            }
+            // A classic or deaf key's slot may have moved to a node that judges it otherwise.
+            _ = sleep_until_opt(rejudge) => {
+                if shared.lock().channels.rejudge_due(Instant::now()) {
+                    send_at.get_or_insert_with(Instant::now);
                 }
             }
             _ = lines.changed(), if shared.mode.follows_idle() => {
@@ -204,10 +206,10 @@ fn handle(
             }
         }
         // Ours a grace period after the last waiter (the key is forgotten then), or the
-        // server's at a slot move: a key still held is subscribed again, at the new owner.
+        // server's at a slot move: a key still held is judged again, at the new owner.
         Event::Unsubscribed(channel) => {
             if let Some(key) = shared.mode.key_of_channel(&channel) {
-                shared.lock().channels.resend(key);
+                shared.lock().channels.ended(key);
                 send_at.get_or_insert_with(|| Instant::now() + BATCH_WINDOW);
             }
         }
@@ -247,7 +249,9 @@ async fn send_batch(
 ) -> Result<bool, Ended> {
     let batch = {
         let mut state = shared.lock();
-        let batch = state.channels.take_batch(MAX_BATCH, |key| shared.mode.in_use(lines, key));
+        let batch = state
+            .channels
+            .take_batch(MAX_BATCH, Instant::now(), |key| shared.mode.in_use(lines, key));
         if state.channels.is_empty() {
             state.conn = SubscriptionState::Off;
             return Err(Ended::Idle);
@@ -257,33 +261,50 @@ async fn send_batch(
     if batch.is_empty() {
         return Ok(false);
     }
-    let channels: Vec<String> = batch.iter().map(|k| shared.mode.channel(k)).collect();
-    let (failure, failed) = match carrier.subscribe(&channels, link).await {
-        Subscribed::All => (None, Vec::new()),
-        Subscribed::Refused if carrier.is_sharded() => return Err(Ended::Unsharded),
+    let channels: Vec<_> = batch.iter().map(|(k, held)| (shared.mode.channel(k), *held)).collect();
+    let judged = match carrier.subscribe(&channels, link).await {
+        Subscribed::Each(judged) => judged,
         Subscribed::Refused => return Err(Ended::Unsupported),
-        Subscribed::Failed { failure, ends_connection: true, .. } => {
-            return Err(Ended::Lost(failure))
-        }
-        Subscribed::Failed { failure, failed, .. } => (Some(failure), failed),
+        Subscribed::Lost(failure) => return Err(Ended::Lost(failure)),
     };
     let now = Instant::now();
-    let (confirmed, more) = {
+    let mut failure = None;
+    let (wake, newly_heard, more) = {
         let mut state = shared.lock();
-        let mut failed = failed.into_iter().peekable();
-        let mut confirmed = Vec::with_capacity(batch.len());
-        for (i, key) in batch.into_iter().enumerate() {
-            if failed.next_if_eq(&i).is_some() {
-                state.channels.resend(&key);
-            } else if state.channels.confirmed(&key, now) {
-                confirmed.push(key);
+        let mut wake = Vec::new();
+        let mut newly_heard = false;
+        for ((key, _), Judged { verdict, held }) in batch.into_iter().zip(judged) {
+            let verdict = match verdict {
+                Ok(verdict) => Some(verdict),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    None
+                }
+            };
+            let was_live = state.channels.is_live(&key);
+            if state.channels.judged(&key, verdict, held, now) {
+                newly_heard |= !was_live;
+                wake.push(key);
+            }
+            match verdict {
+                Some(Verdict::Live(Via::Classic)) if carrier.is_sharded() => {
+                    said_once(&shared.said_unsharded, || events::notify_unsharded(shared.driver_id))
+                }
+                Some(Verdict::Deaf) => {
+                    said_once(&shared.said_deaf, || events::notify_unsupported(shared.driver_id))
+                }
+                _ => {}
             }
         }
-        (confirmed, state.channels.has_pending())
+        (wake, newly_heard, state.channels.has_pending())
     };
-    if !confirmed.is_empty() {
+    if newly_heard {
         shared.subscriptions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.mode.confirmed(&confirmed, lines);
+    }
+    if !wake.is_empty() {
+        // A release before the confirmation was not heard; a key no longer heard has its
+        // waiter asleep for notifyPollIntervalMs: either way its first waiter checks now.
+        shared.mode.confirmed(&wake, lines);
     }
     let Some(failure) = failure else {
         *retry = Retry::default();
@@ -298,6 +319,13 @@ async fn send_batch(
     retry.at = Some(now + retry.pause.next());
     // What is still pending goes out with the retry.
     Ok(false)
+}
+
+/// Runs `say` the first time only (an event said once per backend).
+fn said_once(flag: &std::sync::atomic::AtomicBool, say: impl FnOnce()) {
+    if !flag.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        say();
+    }
 }
 
 /// A change of primary or of pub/sub kind: every channel is subscribed again on the next

@@ -8,7 +8,8 @@
 //!   handled, what a change of primary does, what "unsupported" means, how it stops.
 //! - [`tracker`]: the channels held and their states, as plain state.
 //! - [`modes`]: what differs: which channels (namespace or per key) and which connection
-//!   carries them (classic or sharded).
+//!   carries them (classic, or a Cluster's, which judges per key whether its node's releases
+//!   are heard sharded, classic or not at all: decision 0160).
 
 mod lifecycle;
 mod modes;
@@ -37,6 +38,10 @@ pub enum SubscriptionState {
     Starting,
     /// Confirmed: releases are heard.
     Live,
+    /// Up, but some keys waited on cannot be heard (per key in a Cluster: their node
+    /// accepts SPUBLISH and refuses SSUBSCRIBE, decision 0160); their waiters poll at
+    /// pollIntervalMs.
+    Partial,
     /// The server refuses SUBSCRIBE itself (unknown command, NOPERM): poll for good.
     Unsupported,
     /// The connection failed at this moment.
@@ -50,6 +55,7 @@ impl SubscriptionState {
             Self::Off => "off",
             Self::Starting => "starting",
             Self::Live => "live",
+            Self::Partial => "partial",
             Self::Unsupported => "unsupported",
             Self::Failed(_) => "failed",
         }
@@ -64,8 +70,11 @@ struct Shared {
     driver_id: u64,
     enabled: bool,
     mode: modes::Mode,
-    /// A Cluster without sharded pub/sub (Redis < 7.0): classic SUBSCRIBE (decision 0064).
-    unsharded: AtomicBool,
+    /// LOCK_NOTIFY_UNSHARDED was said: a key heard through classic pub/sub in a Cluster
+    /// (decisions 0064, 0160).
+    said_unsharded: AtomicBool,
+    /// LOCK_NOTIFY_UNAVAILABLE `unsupported` was said for a key that cannot be heard.
+    said_deaf: AtomicBool,
     state: Mutex<State>,
     /// Keys wait to be sent.
     kick: Notify,
@@ -95,7 +104,8 @@ impl Notifications {
             driver_id,
             enabled,
             mode,
-            unsharded: AtomicBool::new(false),
+            said_unsharded: AtomicBool::new(false),
+            said_deaf: AtomicBool::new(false),
             state: Mutex::new(State {
                 conn: SubscriptionState::Off,
                 channels: tracker::Tracker::default(),
@@ -125,7 +135,9 @@ impl Notifications {
             SubscriptionState::Off => true,
             SubscriptionState::Failed(at) => at.elapsed() > RESUBSCRIBE_AFTER_FAILURE,
             SubscriptionState::Unsupported => return,
-            SubscriptionState::Starting | SubscriptionState::Live => false,
+            SubscriptionState::Starting | SubscriptionState::Live | SubscriptionState::Partial => {
+                false
+            }
         };
         let new = state.channels.register(shared.mode.key_of(hash));
         if start {
@@ -151,10 +163,11 @@ impl Notifications {
     }
 
     /// The state of the subscription: live once its connection is open and a channel is
-    /// confirmed on it.
+    /// confirmed on it; partial while a key waited on cannot be heard.
     pub(crate) fn state(&self) -> SubscriptionState {
         let state = self.0.lock();
         match state.conn {
+            SubscriptionState::Live if state.channels.deaf() > 0 => SubscriptionState::Partial,
             SubscriptionState::Live if state.channels.live() == 0 => SubscriptionState::Starting,
             conn => conn,
         }
@@ -184,10 +197,6 @@ impl Notifications {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
-    }
-
-    fn is_sharded(&self) -> bool {
-        self.mode.sharded() && !self.unsharded.load(Ordering::Acquire)
     }
 }
 

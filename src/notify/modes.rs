@@ -1,15 +1,16 @@
 //! What differs between the modes, and nothing else: which channels a subscription holds
 //! ([`Mode`]: the namespace channel, or a channel per key) and which connection carries
 //! them ([`Carrier`]: one classic pub/sub connection, or a Cluster connection that sends
-//! each SSUBSCRIBE to the slot's owner, decision 0063).
+//! each SSUBSCRIBE to the slot's owner, decision 0063, and judges per key which pub/sub its
+//! node's release script reaches, decision 0160).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::tracker::Usage;
-use crate::connection::{refuses_subscribe, RedisLink, ShardPushes, SubscribeFailure};
+use super::tracker::{Held, Usage, Verdict, Via};
+use crate::connection::{refuses_subscribe, ClusterConn, RedisLink, ShardPushes, SubscribeFailure};
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 use crate::keys::KeyChannels;
 use crate::waiters::Lines;
@@ -119,14 +120,15 @@ impl Mode {
 /// The connection that carries the channels.
 pub(super) enum Carrier {
     Classic { sink: redis::aio::PubSubSink, messages: redis::aio::PubSubStream },
-    Sharded { conn: crate::connection::ClusterConn, pushes: ShardPushes },
+    Sharded { conn: ClusterConn, pushes: ShardPushes },
 }
 
 /// What the connection delivered.
 pub(super) enum Event {
     /// A release was announced.
     Message(Message),
-    /// The server ended the subscription of one channel (a slot moved away), or ours ended.
+    /// The server ended the sharded subscription of one channel (a slot moved away), or ours
+    /// ended. (Classic ones end only when we end them.)
     Unsubscribed(String),
     /// One node's connection ended: its subscriptions with it (which ones is not said).
     NodeLost,
@@ -136,7 +138,9 @@ pub(super) enum Event {
 
 pub(super) enum Message {
     Classic(redis::Msg),
-    Sharded(redis::PushInfo),
+    /// A RESP3 push of the Cluster connection: `smessage`, or `message` for a key heard
+    /// through classic pub/sub (decision 0160).
+    Push(redis::PushInfo),
 }
 
 impl Message {
@@ -144,7 +148,7 @@ impl Message {
     pub(super) fn hash(&self) -> Option<&str> {
         let bytes = match self {
             Self::Classic(msg) => msg.get_payload_bytes(),
-            Self::Sharded(push) => match push.data.get(1) {
+            Self::Push(push) => match push.data.get(1) {
                 Some(redis::Value::BulkString(b)) => b,
                 _ => return None,
             },
@@ -155,17 +159,19 @@ impl Message {
 
 /// How a SUBSCRIBE of a batch went.
 pub(super) enum Subscribed {
-    All,
-    /// The server refuses the command itself (unknown, NOPERM).
+    /// What each channel of the batch came to, in order.
+    Each(Vec<Judged>),
+    /// The server refuses SUBSCRIBE itself (unknown, NOPERM): classic connection only.
     Refused,
-    /// These channels (indices into the batch) were not subscribed. `ends_connection`: the
-    /// failure is the connection's, which carries every channel (classic); otherwise one
-    /// node's, and the others stay (sharded).
-    Failed {
-        failure: RedisFailure,
-        failed: Vec<usize>,
-        ends_connection: bool,
-    },
+    /// The connection failed, and it carries every channel: classic connection only.
+    Lost(RedisFailure),
+}
+
+/// What subscribing one channel came to, and the subscriptions it holds after it.
+pub(super) struct Judged {
+    /// Err: it may pass (a node down, a timeout); the key is sent again.
+    pub(super) verdict: Result<Verdict, RedisFailure>,
+    pub(super) held: Held,
 }
 
 impl Carrier {
@@ -193,7 +199,9 @@ impl Carrier {
             Self::Sharded { pushes, .. } => loop {
                 let Some(push) = pushes.recv().await else { return Event::Closed };
                 match push.kind {
-                    redis::PushKind::SMessage => return Event::Message(Message::Sharded(push)),
+                    redis::PushKind::SMessage | redis::PushKind::Message => {
+                        return Event::Message(Message::Push(push))
+                    }
                     redis::PushKind::SUnsubscribe => {
                         if let Some(redis::Value::BulkString(b)) = push.data.first() {
                             if let Ok(channel) = String::from_utf8(b.clone()) {
@@ -208,71 +216,139 @@ impl Carrier {
         }
     }
 
-    /// Subscribes `channels`, each within commandTimeoutMs: one SUBSCRIBE on a classic
-    /// connection; one SSUBSCRIBE per channel, sent together, on a sharded one (it takes the
-    /// channels of one slot only).
-    pub(super) async fn subscribe(&mut self, channels: &[String], link: &RedisLink) -> Subscribed {
+    /// Subscribes `channels` (with what each holds already), each within commandTimeoutMs:
+    /// one SUBSCRIBE on a classic connection; on a sharded one, each channel is judged on
+    /// its own, all sent together (SSUBSCRIBE takes the channels of one slot only).
+    pub(super) async fn subscribe(
+        &mut self,
+        channels: &[(String, Held)],
+        link: &RedisLink,
+    ) -> Subscribed {
         match self {
             Self::Classic { sink, .. } => {
-                let reply = tokio::time::timeout(link.command_timeout, sink.subscribe(channels));
+                let names: Vec<&str> = channels.iter().map(|(c, _)| c.as_str()).collect();
+                let reply = tokio::time::timeout(link.command_timeout, sink.subscribe(names));
                 let failure = match reply.await {
-                    Ok(Ok(())) => return Subscribed::All,
+                    Ok(Ok(())) => {
+                        let live = || Judged {
+                            verdict: Ok(Verdict::Live(Via::Classic)),
+                            held: Held { sharded: false, classic: true },
+                        };
+                        return Subscribed::Each(channels.iter().map(|_| live()).collect());
+                    }
                     Ok(Err(e)) if refuses_subscribe(&e) => return Subscribed::Refused,
                     Ok(Err(e)) => RedisFailure::command(&e),
                     Err(_) => RedisFailure::command_timeout(),
                 };
-                Subscribed::Failed {
-                    failure,
-                    failed: (0..channels.len()).collect(),
-                    ends_connection: true,
-                }
+                Subscribed::Lost(failure)
             }
             Self::Sharded { conn, .. } => {
-                let sent = channels.iter().map(|c| shard_command(conn, link, true, c));
-                let results = futures::future::join_all(sent).await;
-                let (mut failure, mut failed) = (None, Vec::new());
-                for (i, result) in results.into_iter().enumerate() {
-                    match result {
-                        Ok(()) => {}
-                        Err(e) if refuses_subscribe(&e) => return Subscribed::Refused,
-                        Err(e) => {
-                            failure.get_or_insert_with(|| RedisFailure::command(&e));
-                            failed.push(i);
-                        }
-                    }
-                }
-                match failure {
-                    None => Subscribed::All,
-                    Some(failure) => Subscribed::Failed { failure, failed, ends_connection: false },
-                }
+                let judged = channels.iter().map(|(c, held)| judge(conn, link, c, *held));
+                Subscribed::Each(futures::future::join_all(judged).await)
             }
         }
     }
 
-    /// Unsubscribes `channels`, each within commandTimeoutMs. Its outcome is not looked at
-    /// (decision 0110): nobody waits on these keys any more, they are forgotten either way,
-    /// and a channel left subscribed only brings messages that wake nobody.
-    pub(super) async fn unsubscribe(&mut self, channels: &[String], link: &RedisLink) {
+    /// Unsubscribes `channels` from what each holds, each within commandTimeoutMs. Its
+    /// outcome is not looked at (decision 0110): nobody waits on these keys any more, they
+    /// are forgotten either way, and a channel left subscribed only brings messages that
+    /// wake nobody.
+    pub(super) async fn unsubscribe(&mut self, channels: &[(String, Held)], link: &RedisLink) {
         match self {
             Self::Classic { sink, .. } => {
-                let _ =
-                    tokio::time::timeout(link.command_timeout, sink.unsubscribe(channels)).await;
+                let names: Vec<&str> = channels.iter().map(|(c, _)| c.as_str()).collect();
+                let _ = tokio::time::timeout(link.command_timeout, sink.unsubscribe(names)).await;
             }
             Self::Sharded { conn, .. } => {
-                let sent = channels.iter().map(|c| shard_command(conn, link, false, c));
+                let sent = channels.iter().flat_map(|(c, held)| {
+                    let sharded = held.sharded.then(|| shard_command(conn, link, Cmd::SUnsub, c));
+                    let classic = held.classic.then(|| shard_command(conn, link, Cmd::Unsub, c));
+                    sharded.into_iter().chain(classic)
+                });
                 futures::future::join_all(sent).await;
             }
         }
     }
 }
 
-/// SSUBSCRIBE (or SUNSUBSCRIBE) of one channel within commandTimeoutMs. A MOVED (the slot
-/// moved, redis-rs's map is behind) surely did nothing and is sent again after a pause, as
-/// scripts are (connection.rs).
+/// Judges one key's channel on a Cluster connection (decision 0160): which pub/sub its
+/// node's release script reaches, and a subscription there. The script SPUBLISHes where
+/// SPUBLISH works and PUBLISHes where it is refused, so SPUBLISH is tried too (on a channel
+/// of the key's slot nobody subscribes to), beside the SSUBSCRIBE:
+/// - SPUBLISH works, SSUBSCRIBE works: sharded.
+/// - SPUBLISH works, SSUBSCRIBE refused (renamed, or an ACL that denies only it): nothing
+///   here can hear the releases: deaf, and the key's waiters poll at pollIntervalMs.
+/// - SPUBLISH refused (Redis < 7.0, renamed, denied): the script PUBLISHes, which reaches
+///   every node: a classic SUBSCRIBE (deaf if that is refused too).
+///
+/// Only this key's node is judged: another node's refusal says nothing about it.
+async fn judge(conn: &ClusterConn, link: &RedisLink, channel: &str, held: Held) -> Judged {
+    let probe = format!("{channel}{PROBE_SUFFIX}");
+    let (subscribed, published) = futures::join!(
+        shard_command(conn, link, Cmd::SSub, channel),
+        shard_command(conn, link, Cmd::SPub, &probe),
+    );
+    // A sharded subscription made is kept until the key goes (it hears nothing where the
+    // script PUBLISHes): undoing it here would bring a `sunsubscribe` push for a key still
+    // held, which reads as a slot move.
+    let mut held = Held { sharded: held.sharded || subscribed.is_ok(), ..held };
+    let verdict = match published {
+        Err(e) if refuses_subscribe(&e) => {
+            if held.classic {
+                Ok(Verdict::Live(Via::Classic))
+            } else {
+                match shard_command(conn, link, Cmd::Sub, channel).await {
+                    Ok(()) => {
+                        held.classic = true;
+                        Ok(Verdict::Live(Via::Classic))
+                    }
+                    Err(e) if refuses_subscribe(&e) => Ok(Verdict::Deaf),
+                    Err(e) => Err(RedisFailure::command(&e)),
+                }
+            }
+        }
+        Err(e) => Err(RedisFailure::command(&e)),
+        Ok(()) => {
+            let verdict = match subscribed {
+                Ok(()) => Ok(Verdict::Live(Via::Sharded)),
+                Err(e) if refuses_subscribe(&e) => Ok(Verdict::Deaf),
+                Err(e) => Err(RedisFailure::command(&e)),
+            };
+            if verdict.is_ok() && held.classic {
+                // Its releases are SPUBLISHed now (the slot moved): the classic one hears nothing.
+                let _ = shard_command(conn, link, Cmd::Unsub, channel).await;
+                held.classic = false;
+            }
+            verdict
+        }
+    };
+    Judged { verdict, held }
+}
+
+/// What follows a key's channel to make the channel SPUBLISH is tried on: the same slot
+/// (the hash tag comes first), a name no waiter subscribes to, and within README's channel
+/// rule `&<namespace>:lock-released*`.
+const PROBE_SUFFIX: &str = ":probe";
+
+/// A command about one channel on the Cluster connection.
+#[derive(Clone, Copy)]
+enum Cmd {
+    SSub,
+    SUnsub,
+    /// SPUBLISH of an empty message, only to learn whether the node takes SPUBLISH.
+    SPub,
+    /// Classic SUBSCRIBE and UNSUBSCRIBE, routed by the channel's slot like any key; the
+    /// messages of classic PUBLISH reach every node, so any node would do.
+    Sub,
+    Unsub,
+}
+
+/// One [`Cmd`] within commandTimeoutMs. A MOVED (the slot moved, redis-rs's map is behind)
+/// surely did nothing and is sent again after a pause, as scripts are (connection.rs).
 async fn shard_command(
-    conn: &crate::connection::ClusterConn,
+    conn: &ClusterConn,
     link: &RedisLink,
-    subscribe: bool,
+    cmd: Cmd,
     channel: &str,
 ) -> redis::RedisResult<()> {
     let mut result = Ok(());
@@ -280,10 +356,14 @@ async fn shard_command(
         tokio::time::sleep(Duration::from_millis(pause_ms)).await;
         let mut conn = conn.clone();
         let sent = async {
-            if subscribe {
-                conn.ssubscribe(channel).await
-            } else {
-                conn.sunsubscribe(channel).await
+            match cmd {
+                Cmd::SSub => conn.ssubscribe(channel).await,
+                Cmd::SUnsub => conn.sunsubscribe(channel).await,
+                Cmd::Sub => conn.subscribe(channel).await,
+                Cmd::Unsub => conn.unsubscribe(channel).await,
+                Cmd::SPub => {
+                    redis::cmd("SPUBLISH").arg(channel).arg("").exec_async(&mut conn).await
+                }
             }
         };
         result = match tokio::time::timeout(link.command_timeout, sent).await {

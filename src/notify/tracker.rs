@@ -14,24 +14,80 @@ use std::time::{Duration, Instant};
 /// and 0061): a key contended now is likely contended again within a second.
 pub(crate) const GRACE: Duration = Duration::from_secs(1);
 
-/// One key's subscription.
+/// How often a key heard only through classic pub/sub, or not at all, is judged again while
+/// it is waited on (decision 0160): its slot may have moved to a node that judges otherwise,
+/// and no push says so.
+pub(crate) const REJUDGE: Duration = Duration::from_secs(5);
+
+/// Which pub/sub carries a key's releases to this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyState {
-    /// Registered, not yet sent (it is in the queue).
+pub(super) enum Via {
+    /// SSUBSCRIBE at the slot's owner (a Cluster whose node has sharded pub/sub).
+    Sharded,
+    /// SUBSCRIBE: a single server, or a Cluster node whose release script PUBLISHes.
+    Classic,
+}
+
+/// What judging a key found (decision 0160).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Confirmed: its releases are heard.
+    Live(Via),
+    /// Its node publishes where this process cannot subscribe (SPUBLISH accepted, SSUBSCRIBE
+    /// refused; or no SUBSCRIBE either): its releases cannot be heard, its waiters poll.
+    Deaf,
+}
+
+/// Subscriptions that may be in place for a key on this connection: what is undone when
+/// the key is let go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Held {
+    pub(super) sharded: bool,
+    pub(super) classic: bool,
+}
+
+impl Held {
+    pub(super) fn any(self) -> bool {
+        self.sharded || self.classic
+    }
+}
+
+/// Where a key's SUBSCRIBE stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// Nothing to send.
+    Idle,
+    /// To be sent (it is in the queue).
     Pending,
-    /// Sent, not yet confirmed.
+    /// Sent, not yet answered.
     Sent,
-    /// Confirmed.
-    Live,
 }
 
 #[derive(Debug)]
 struct Entry {
-    state: KeyState,
+    /// The last verdict; None before the first, or once its subscription ended.
+    heard: Option<Verdict>,
+    queue: Queue,
+    held: Held,
     /// When the key was first seen unused (per key: its line gone).
     idle_since: Option<Instant>,
-    /// Its place in `due` while it is live.
+    /// Its place in `due` once it has a verdict.
     due: Option<(Instant, u64)>,
+    /// When it is judged again (classic or deaf only).
+    rejudge_at: Option<Instant>,
+}
+
+impl Entry {
+    fn new() -> Self {
+        Self {
+            heard: None,
+            queue: Queue::Pending,
+            held: Held::default(),
+            idle_since: None,
+            due: None,
+            rejudge_at: None,
+        }
+    }
 }
 
 /// Whether a key is still used, as its mode tells (see [`super::modes`]).
@@ -47,24 +103,25 @@ pub(super) enum Usage {
 #[derive(Debug, Default)]
 pub(super) struct Tracker {
     keys: HashMap<Arc<str>, Entry>,
-    /// Keys registered and not yet sent; a key forgotten or sent meanwhile is skipped.
+    /// Keys to be sent; a key forgotten or sent meanwhile is skipped.
     pending: VecDeque<Arc<str>>,
-    /// When each live key is looked at again.
+    /// When each key with a verdict is looked at again for idleness.
     due: BTreeMap<(Instant, u64), Arc<str>>,
+    /// When classic and deaf keys are judged again, in order (one delay for all); an entry
+    /// whose key was judged since is skipped.
+    rejudge: VecDeque<(Instant, Arc<str>)>,
     next_seq: u64,
     live: usize,
+    deaf: usize,
 }
 
 impl Tracker {
     /// A waiter of `hash` really waits. True when the key went into the queue (it needs a
-    /// SUBSCRIBE); a key confirmed already counts as used again.
+    /// SUBSCRIBE); a key known already counts as used again.
     pub(super) fn register(&mut self, hash: &Arc<str>) -> bool {
         match self.keys.get_mut(hash) {
             None => {
-                self.keys.insert(
-                    hash.clone(),
-                    Entry { state: KeyState::Pending, idle_since: None, due: None },
-                );
+                self.keys.insert(hash.clone(), Entry::new());
                 self.pending.push_back(hash.clone());
                 true
             }
@@ -80,76 +137,144 @@ impl Tracker {
         !self.pending.is_empty()
     }
 
-    /// Up to `max` keys registered and not yet sent, now marked sent; a key whose waiters
-    /// are gone meanwhile (`in_use` false) is forgotten instead (a new waiter registers it
-    /// again).
+    /// Up to `max` keys to be sent, now marked sent, with what they hold. A key whose
+    /// waiters are gone meanwhile (`in_use` false) is not sent: forgotten when it holds
+    /// nothing (a new waiter registers it again), otherwise looked at now by the idle sweep,
+    /// which lets its subscriptions go.
     pub(super) fn take_batch(
         &mut self,
         max: usize,
+        now: Instant,
         in_use: impl Fn(&str) -> bool,
-    ) -> Vec<Arc<str>> {
+    ) -> Vec<(Arc<str>, Held)> {
         let mut batch = Vec::new();
         while batch.len() < max {
             let Some(hash) = self.pending.pop_front() else { break };
             let Some(entry) = self.keys.get_mut(&hash) else { continue };
-            if entry.state != KeyState::Pending {
+            if entry.queue != Queue::Pending {
                 continue;
             }
             if in_use(&hash) {
-                entry.state = KeyState::Sent;
-                batch.push(hash);
+                entry.queue = Queue::Sent;
+                batch.push((hash, entry.held));
+            } else if entry.held.any() {
+                entry.queue = Queue::Idle;
+                Self::schedule(&mut self.due, &mut self.next_seq, entry, &hash, now);
             } else {
-                self.keys.remove(&hash);
+                self.remove(&hash);
             }
         }
         batch
     }
 
-    /// The server confirmed `hash`: live, looked at again a grace period from `now`. False
-    /// when the key was not waiting for this confirmation (forgotten, or sent again).
-    pub(super) fn confirmed(&mut self, hash: &Arc<str>, now: Instant) -> bool {
+    /// The answer to a key sent: `verdict` (None: it failed, and goes into the queue again),
+    /// and what it holds now. True when its first waiter is to check once more: it is heard
+    /// now and was not (a release meanwhile was missed), or it was heard and no longer is
+    /// (its waiter sleeps the long interval). Ignored for a key not waiting for an answer.
+    pub(super) fn judged(
+        &mut self,
+        hash: &Arc<str>,
+        verdict: Option<Verdict>,
+        held: Held,
+        now: Instant,
+    ) -> bool {
         let Some(entry) = self.keys.get_mut(hash) else { return false };
-        if entry.state != KeyState::Sent {
+        if entry.queue != Queue::Sent {
             return false;
         }
-        entry.state = KeyState::Live;
-        self.live += 1;
-        Self::schedule(&mut self.due, &mut self.next_seq, entry, hash, now + GRACE);
-        true
+        entry.held = held;
+        let Some(verdict) = verdict else {
+            entry.queue = Queue::Pending;
+            self.pending.push_back(hash.clone());
+            return false;
+        };
+        entry.queue = Queue::Idle;
+        let was = entry.heard.replace(verdict);
+        Self::count(&mut self.live, &mut self.deaf, was, -1);
+        Self::count(&mut self.live, &mut self.deaf, Some(verdict), 1);
+        if entry.due.is_none() {
+            Self::schedule(&mut self.due, &mut self.next_seq, entry, hash, now + GRACE);
+        }
+        entry.rejudge_at = None;
+        if verdict != Verdict::Live(Via::Sharded) {
+            // A sharded key hears of a slot move from the server itself (`ended`).
+            entry.rejudge_at = Some(now + REJUDGE);
+            self.rejudge.push_back((now + REJUDGE, hash.clone()));
+        }
+        let heard = |v: Option<Verdict>| matches!(v, Some(Verdict::Live(_)));
+        (heard(Some(verdict)) || heard(was)) && was != Some(verdict)
     }
 
-    /// A SUBSCRIBE of `hash` failed, or the server ended its subscription: it goes into the
-    /// queue again.
-    pub(super) fn resend(&mut self, hash: &str) {
-        let Some((hash, entry)) = self.keys.get_key_value(hash) else { return };
-        if entry.state == KeyState::Pending {
-            return;
-        }
+    /// The server ended `hash`'s sharded subscription (its slot moved away): not heard until
+    /// it is judged again, at once.
+    pub(super) fn ended(&mut self, hash: &str) {
+        let Some((hash, _)) = self.keys.get_key_value(hash) else { return };
         let hash = hash.clone();
         let entry = self.keys.get_mut(&hash).expect("just found");
-        if entry.state == KeyState::Live {
-            self.live -= 1;
+        entry.held.sharded = false;
+        let was = entry.heard.take();
+        Self::count(&mut self.live, &mut self.deaf, was, -1);
+        entry.rejudge_at = None;
+        if entry.queue == Queue::Idle {
+            entry.queue = Queue::Pending;
+            self.pending.push_back(hash);
         }
-        entry.state = KeyState::Pending;
-        if let Some(due) = entry.due.take() {
-            self.due.remove(&due);
-        }
-        self.pending.push_back(hash);
     }
 
-    /// A new connection: every key is sent again (once each).
+    /// One node's connection ended (which keys were on it is not said): every key is not
+    /// heard until it is judged again, and each is sent again (once). What they held may
+    /// still be in place elsewhere.
     pub(super) fn resend_all(&mut self) {
-        self.due.clear();
         self.pending.clear();
+        self.rejudge.clear();
         self.live = 0;
+        self.deaf = 0;
         for (hash, entry) in &mut self.keys {
-            entry.state = KeyState::Pending;
-            entry.due = None;
+            entry.heard = None;
+            entry.queue = Queue::Pending;
+            entry.rejudge_at = None;
             self.pending.push_back(hash.clone());
         }
     }
 
-    /// When the next live key is to be looked at.
+    /// A new connection: nothing is held on it, and every key is sent again.
+    pub(super) fn new_connection(&mut self) {
+        self.resend_all();
+        self.due.clear();
+        for entry in self.keys.values_mut() {
+            entry.held = Held::default();
+            entry.due = None;
+        }
+    }
+
+    /// When the next classic or deaf key is to be judged again (possibly one judged since:
+    /// [`Self::rejudge_due`] skips it).
+    pub(super) fn next_rejudge(&self) -> Option<Instant> {
+        self.rejudge.front().map(|(at, _)| *at)
+    }
+
+    /// Queues the classic and deaf keys due at `now` to be judged again; they keep their
+    /// verdict meanwhile. True when any was queued.
+    pub(super) fn rejudge_due(&mut self, now: Instant) -> bool {
+        let mut queued = false;
+        while let Some((at, _)) = self.rejudge.front() {
+            if *at > now {
+                break;
+            }
+            let (at, hash) = self.rejudge.pop_front().expect("just looked");
+            let Some(entry) = self.keys.get_mut(&hash) else { continue };
+            if entry.rejudge_at != Some(at) || entry.queue != Queue::Idle {
+                continue;
+            }
+            entry.rejudge_at = None;
+            entry.queue = Queue::Pending;
+            self.pending.push_back(hash);
+            queued = true;
+        }
+        queued
+    }
+
+    /// When the next key is to be looked at for idleness.
     pub(super) fn next_due(&self) -> Option<Instant> {
         self.due.first_key_value().map(|((at, _), _)| *at)
     }
@@ -159,15 +284,19 @@ impl Tracker {
         if let Some((hash, _)) = self.keys.get_key_value(hash) {
             let hash = hash.clone();
             let entry = self.keys.get_mut(&hash).expect("just found");
-            if entry.state == KeyState::Live {
+            if entry.due.is_some() {
                 Self::schedule(&mut self.due, &mut self.next_seq, entry, &hash, now);
             }
         }
     }
 
-    /// Looks at the live keys that are due at `now`; forgets and returns those unused for a
-    /// whole grace period. Touches only the keys due.
-    pub(super) fn sweep(&mut self, now: Instant, usage: impl Fn(&str) -> Usage) -> Vec<Arc<str>> {
+    /// Looks at the keys that are due at `now`; forgets and returns, with what they hold,
+    /// those unused for a whole grace period. Touches only the keys due.
+    pub(super) fn sweep(
+        &mut self,
+        now: Instant,
+        usage: impl Fn(&str) -> Usage,
+    ) -> Vec<(Arc<str>, Held)> {
         let mut idle = Vec::new();
         while let Some(entry) = self.due.first_entry() {
             if entry.key().0 > now {
@@ -187,14 +316,32 @@ impl Tracker {
                 Usage::Idle => *key.idle_since.get_or_insert(now),
             };
             if now.saturating_duration_since(since) >= GRACE {
-                self.keys.remove(&hash);
-                self.live -= 1;
-                idle.push(hash);
+                let held = key.held;
+                self.remove(&hash);
+                idle.push((hash, held));
             } else {
                 Self::schedule(&mut self.due, &mut self.next_seq, key, &hash, since + GRACE);
             }
         }
         idle
+    }
+
+    fn remove(&mut self, hash: &str) {
+        if let Some(entry) = self.keys.remove(hash) {
+            Self::count(&mut self.live, &mut self.deaf, entry.heard, -1);
+            if let Some(due) = entry.due {
+                self.due.remove(&due);
+            }
+        }
+    }
+
+    fn count(live: &mut usize, deaf: &mut usize, verdict: Option<Verdict>, by: isize) {
+        let counter = match verdict {
+            Some(Verdict::Live(_)) => live,
+            Some(Verdict::Deaf) => deaf,
+            None => return,
+        };
+        *counter = counter.wrapping_add_signed(by);
     }
 
     fn schedule(
@@ -213,12 +360,17 @@ impl Tracker {
     }
 
     pub(super) fn is_live(&self, hash: &str) -> bool {
-        self.keys.get(hash).is_some_and(|e| e.state == KeyState::Live)
+        self.keys.get(hash).is_some_and(|e| matches!(e.heard, Some(Verdict::Live(_))))
     }
 
-    /// Keys confirmed now.
+    /// Keys heard now.
     pub(super) fn live(&self) -> usize {
         self.live
+    }
+
+    /// Keys whose releases cannot be heard now (their waiters poll).
+    pub(super) fn deaf(&self) -> usize {
+        self.deaf
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -243,13 +395,22 @@ mod tests {
         Arc::from(s)
     }
 
-    /// Registers and confirms `keys` at `now()`.
-    fn live(tracker: &mut Tracker, keys: &[&str]) {
+    const SHARDED: Verdict = Verdict::Live(Via::Sharded);
+    const CLASSIC: Verdict = Verdict::Live(Via::Classic);
+    const HELD_SHARDED: Held = Held { sharded: true, classic: false };
+    const HELD_CLASSIC: Held = Held { sharded: false, classic: true };
+
+    fn sent(t: &mut Tracker) -> Vec<Arc<str>> {
+        t.take_batch(usize::MAX, now(), |_| true).into_iter().map(|(k, _)| k).collect()
+    }
+
+    /// Registers and confirms `keys` (sharded) at `now()`.
+    fn live(t: &mut Tracker, keys: &[&str]) {
         for k in keys {
-            tracker.register(&key(k));
+            t.register(&key(k));
         }
-        for k in tracker.take_batch(usize::MAX, |_| true) {
-            assert!(tracker.confirmed(&k, now()));
+        for k in sent(t) {
+            assert!(t.judged(&k, Some(SHARDED), HELD_SHARDED, now()));
         }
     }
 
@@ -259,10 +420,10 @@ mod tests {
         assert!(t.register(&key("a")));
         assert!(t.register(&key("b")));
         assert!(!t.register(&key("a")), "registered twice, sent once");
-        assert_eq!(t.take_batch(usize::MAX, |_| true), vec![key("a"), key("b")]);
+        assert_eq!(sent(&mut t), vec![key("a"), key("b")]);
         assert!(!t.has_pending());
-        assert!(t.take_batch(usize::MAX, |_| true).is_empty());
-        assert!(t.confirmed(&key("a"), now()));
+        assert!(sent(&mut t).is_empty());
+        assert!(t.judged(&key("a"), Some(SHARDED), HELD_SHARDED, now()));
         assert!(t.is_live("a") && !t.is_live("b"), "b is sent, not confirmed");
         assert_eq!(t.live(), 1);
     }
@@ -272,7 +433,8 @@ mod tests {
         let mut t = Tracker::default();
         t.register(&key("gone"));
         t.register(&key("here"));
-        assert_eq!(t.take_batch(usize::MAX, |k| k == "here"), vec![key("here")]);
+        let batch = t.take_batch(usize::MAX, now(), |k| k == "here");
+        assert_eq!(batch, vec![(key("here"), Held::default())]);
         assert!(t.register(&key("gone")), "a new waiter registers it again");
     }
 
@@ -282,9 +444,9 @@ mod tests {
         for i in 0..5 {
             t.register(&key(&i.to_string()));
         }
-        assert_eq!(t.take_batch(3, |_| true).len(), 3);
+        assert_eq!(t.take_batch(3, now(), |_| true).len(), 3);
         assert!(t.has_pending());
-        assert_eq!(t.take_batch(3, |_| true).len(), 2);
+        assert_eq!(t.take_batch(3, now(), |_| true).len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -299,7 +461,7 @@ mod tests {
         advance(GRACE / 2).await;
         assert!(t.sweep(now(), usage).is_empty(), "nothing due");
         advance(GRACE / 2).await;
-        assert_eq!(t.sweep(now(), usage), vec![key("a")]);
+        assert_eq!(t.sweep(now(), usage), vec![(key("a"), HELD_SHARDED)]);
         assert!(!t.is_live("a") && t.is_live("b"));
         assert_eq!(t.live(), 1);
     }
@@ -328,7 +490,7 @@ mod tests {
         assert!(t.sweep(now(), |_| Usage::IdleSince(left)).is_empty());
         assert_eq!(t.next_due(), Some(left + GRACE), "due exactly a grace period after");
         advance(GRACE).await;
-        assert_eq!(t.sweep(now(), |_| Usage::IdleSince(left)), vec![key("ns")]);
+        assert_eq!(t.sweep(now(), |_| Usage::IdleSince(left)), vec![(key("ns"), HELD_SHARDED)]);
         assert!(t.is_empty());
     }
 
@@ -348,19 +510,101 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn after_a_reconnect_every_key_is_sent_again_and_a_moved_key_alone() {
+    async fn after_a_node_is_lost_every_key_is_sent_again_and_a_moved_key_alone() {
         let mut t = Tracker::default();
         live(&mut t, &["a", "b"]);
-        t.resend("a");
+        t.ended("a");
         assert!(!t.is_live("a") && t.live() == 1);
-        t.resend("a");
-        assert_eq!(t.take_batch(usize::MAX, |_| true), vec![key("a")], "queued once");
+        t.ended("a");
+        assert_eq!(sent(&mut t), vec![key("a")], "queued once");
         t.resend_all();
         assert_eq!(t.live(), 0);
-        assert_eq!(t.next_due(), None);
-        let mut again = t.take_batch(usize::MAX, |_| true);
-        again.sort();
-        assert_eq!(again, vec![key("a"), key("b")]);
-        assert!(!t.confirmed(&key("c"), now()), "never registered");
+        let mut again = t.take_batch(usize::MAX, now(), |_| true);
+        again.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(again[0], (key("a"), Held::default()), "the server ended a's subscription");
+        assert_eq!(again[1], (key("b"), HELD_SHARDED), "b's may be in place still");
+        assert!(!t.judged(&key("c"), Some(SHARDED), HELD_SHARDED, now()), "never registered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_of_one_node_can_be_deaf_while_the_others_are_heard() {
+        let mut t = Tracker::default();
+        t.register(&key("a"));
+        t.register(&key("b"));
+        t.register(&key("c"));
+        sent(&mut t);
+        assert!(t.judged(&key("a"), Some(SHARDED), HELD_SHARDED, now()));
+        assert!(!t.judged(&key("b"), Some(Verdict::Deaf), Held::default(), now()), "never heard");
+        assert!(t.judged(&key("c"), Some(CLASSIC), HELD_CLASSIC, now()));
+        assert!(t.is_live("a") && !t.is_live("b") && t.is_live("c"));
+        assert_eq!((t.live(), t.deaf()), (2, 1));
+        // Deaf keys are let go when idle too, and nothing of theirs is unsubscribed.
+        advance(GRACE).await;
+        let usage = |k: &str| if k == "b" { Usage::Idle } else { Usage::InUse };
+        t.sweep(now(), usage);
+        advance(GRACE).await;
+        assert_eq!(t.sweep(now(), usage), vec![(key("b"), Held::default())]);
+        assert_eq!(t.deaf(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn classic_and_deaf_keys_are_judged_again_and_keep_their_verdict_meanwhile() {
+        let mut t = Tracker::default();
+        t.register(&key("c"));
+        t.register(&key("d"));
+        t.register(&key("s"));
+        sent(&mut t);
+        t.judged(&key("c"), Some(CLASSIC), HELD_CLASSIC, now());
+        t.judged(&key("d"), Some(Verdict::Deaf), Held::default(), now());
+        t.judged(&key("s"), Some(SHARDED), HELD_SHARDED, now());
+        assert_eq!(t.next_rejudge(), Some(now() + REJUDGE), "a sharded key is not");
+        advance(REJUDGE - Duration::from_millis(1)).await;
+        assert!(!t.rejudge_due(now()));
+        advance(Duration::from_millis(1)).await;
+        assert!(t.rejudge_due(now()));
+        let again = t.take_batch(usize::MAX, now(), |_| true);
+        assert_eq!(again, vec![(key("c"), HELD_CLASSIC), (key("d"), Held::default())]);
+        assert!(t.is_live("c"), "still heard while it is judged again");
+        assert_eq!(t.deaf(), 1);
+        // c's slot moved to a node with sharded pub/sub; d's node still refuses.
+        assert!(t.judged(&key("c"), Some(SHARDED), HELD_SHARDED, now()), "checks once more");
+        assert!(!t.judged(&key("d"), Some(Verdict::Deaf), Held::default(), now()));
+        assert_eq!((t.live(), t.deaf()), (2, 1));
+        assert_eq!(t.next_rejudge(), Some(now() + REJUDGE), "d only");
+        advance(REJUDGE).await;
+        assert!(t.rejudge_due(now()));
+        assert_eq!(sent(&mut t), vec![key("d")]);
+        // A failed judgment keeps the verdict and goes out again.
+        assert!(!t.judged(&key("d"), None, Held::default(), now()));
+        assert_eq!(t.deaf(), 1);
+        assert!(t.has_pending());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heard_key_that_turns_deaf_wakes_its_waiter() {
+        let mut t = Tracker::default();
+        t.register(&key("c"));
+        sent(&mut t);
+        t.judged(&key("c"), Some(CLASSIC), HELD_CLASSIC, now());
+        advance(REJUDGE).await;
+        t.rejudge_due(now());
+        sent(&mut t);
+        assert!(t.judged(&key("c"), Some(Verdict::Deaf), Held::default(), now()));
+        assert!(!t.is_live("c"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_left_while_it_holds_a_subscription_is_let_go_by_the_sweep_not_forgotten() {
+        let mut t = Tracker::default();
+        t.register(&key("c"));
+        sent(&mut t);
+        t.judged(&key("c"), Some(CLASSIC), HELD_CLASSIC, now());
+        advance(REJUDGE).await;
+        t.rejudge_due(now());
+        assert!(t.take_batch(usize::MAX, now(), |_| false).is_empty(), "not judged again");
+        assert_eq!(t.next_due(), Some(now()));
+        t.sweep(now(), |_| Usage::Idle);
+        advance(GRACE).await;
+        assert_eq!(t.sweep(now(), |_| Usage::Idle), vec![(key("c"), HELD_CLASSIC)]);
     }
 }
