@@ -192,3 +192,123 @@ test('an overlap no longer than the measured wall-clock drift is Redis expiring 
   assert.deepEqual(violated(v), {});
   assert.equal(v.stats.overlapsWithinClockDrift, 1);
 });
+
+// ------------------------------------------------------------- the lease signal ----
+// Leases that obey their signal (decision 0156) or ignore it; a fenced write as both the
+// store's verdict and the holder's record of it (joined by the write's id).
+function signalLease(op, key, fence, start, grant, release, { obeys = true, keepAlive = false, p = 0, inc = 1 } = {}) {
+  return lease(op, key, fence, start, grant, release, { p, inc }).map((e) => (e.k === 'grant' ? { ...e, obeys, keepAlive } : e));
+}
+let wid = 0;
+function write(op, key, fence, at, { ok = true, aborted = false, reason, obeys = true, p = 0, inc = 1 } = {}) {
+  wid += 1;
+  return [
+    { k: 'store', at: at + 1, key, fence: String(fence), lease: op, p, inc, wid, ok },
+    { k: 'write', op, key, p, inc, at: at + 2, ok, validBefore: !aborted, checkedAt: at, storeAt: at + 1, wid, obeys, aborted, reason: aborted ? reason ?? 'LEASE_EXPIRED' : undefined },
+  ];
+}
+const skip = (op, key, at, reason = 'LEASE_EXPIRED', p = 0) => ({ k: 'skip', op, key, p, inc: 1, at, reason });
+const aborts = (op, key, at, code = 'LEASE_EXPIRED', p = 0) => ({ k: 'signal', op, key, p, inc: 1, at, err: { code, name: 'LockError', lockError: true } });
+
+test('a holder that obeys its signal and still writes after it aborted is a violation; one that ignores it is counted, not failed', () => {
+  // Lease a ran past its deadline (805) and wrote at 900 with its signal aborted.
+  const base = [...signalLease('a', 'k', 10, 0, 5, 950), ...write('a', 'k', 10, 10)];
+  const disobeying = check([...base, aborts('a', 'k', 805), ...write('a', 'k', 10, 900, { aborted: true }), ...ending(2000)], run());
+  assert.deepEqual(violated(disobeying), { 'no-write-after-signal-aborted': 1 });
+  assert.equal(disobeying.stats.signal.obeying.writesAfterAbort, 1);
+  assert.match(disobeying.violations[0].detail, /lease a on k \(fence 10\) wrote after its signal aborted \(LEASE_EXPIRED\)/);
+  const ignoringBase = [...signalLease('a', 'k', 10, 0, 5, 950, { obeys: false }), ...write('a', 'k', 10, 10, { obeys: false })];
+  const ignoring = check([...ignoringBase, aborts('a', 'k', 805), ...write('a', 'k', 10, 900, { aborted: true, obeys: false }), ...ending(2000)], run());
+  assert.deepEqual(violated(ignoring), {});
+  assert.equal(ignoring.stats.signal.ignoring.acceptedAborted, 1, 'a stale write the store took: nobody newer had written');
+  assert.equal(ignoring.counts['no-write-after-signal-aborted'].checked, 0);
+});
+
+test('a skipped write whose lease was superseded or past its deadline is a stale write the signal prevented; a skip of a lease still current is not', () => {
+  // a (fence 10) is past its deadline at 900; b (fence 11) is granted at 850 and writes at once.
+  const superseded = [
+    ...signalLease('a', 'k', 10, 0, 5, 950), ...write('a', 'k', 10, 10), aborts('a', 'k', 805),
+    ...signalLease('b', 'k', 11, 810, 850, 1000, { p: 1 }), ...write('b', 'k', 11, 855, { p: 1 }),
+    skip('a', 'k', 900),
+  ];
+  const v = check([...superseded, ...ending(2000)], run());
+  assert.deepEqual(violated(v), {});
+  assert.deepEqual(v.stats.signal.obeying.prevented, { total: 1, storeHadNewer: 1, supersededNotYetWritten: 0, overNoNewerHolder: 0 });
+  assert.deepEqual(v.stats.signal.obeying.skips, { total: 1, byReason: { LEASE_EXPIRED: 1 } });
+  // Nobody took the key yet: only the signal stopped that write (the store had no newer fence).
+  const alone = [...signalLease('a', 'k', 10, 0, 5, 950), ...write('a', 'k', 10, 10), aborts('a', 'k', 805), skip('a', 'k', 900)];
+  assert.equal(check([...alone, ...ending(2000)], run()).stats.signal.obeying.prevented.overNoNewerHolder, 1);
+  // A renew that found the key gone (a restart emptied it) aborts the signal before the
+  // deadline; nobody holds the key yet: the skipped write was not stale.
+  const early = [...signalLease('a', 'k', 10, 0, 5, 400), ...write('a', 'k', 10, 10), aborts('a', 'k', 300, 'LEASE_LOST'), skip('a', 'k', 310, 'LEASE_LOST')];
+  const notStale = check([...early, ...ending(2000)], run());
+  assert.equal(notStale.stats.signal.obeying.prevented.total, 0);
+  assert.deepEqual(notStale.stats.signal.obeying.skipsNotStale, { total: 1, byReason: { LEASE_LOST: 1 } });
+});
+
+test('a write the fence refused although its signal had not aborted is counted by cause: a restart, a fence drawn again in a failover, or unexplained', () => {
+  // a (fence 10, valid until 805) writes at 300 with its signal not aborted, but the server
+  // was killed at 100 and b (fence 11) got the key at 200 and wrote first.
+  const regranted = [
+    ...signalLease('a', 'k', 10, 0, 5, 400), ...write('a', 'k', 10, 10),
+    ...signalLease('b', 'k', 11, 150, 200, 500, { p: 1 }), ...write('b', 'k', 11, 210, { p: 1 }),
+    ...write('a', 'k', 10, 300, { ok: false }),
+  ];
+  const restart = check([...regranted, { k: 'fault', kind: 'server-kill', id: 1, at: 100 }, ...ending(2000)], run());
+  assert.deepEqual(violated(restart), {});
+  assert.deepEqual(restart.stats.signal.obeying.fencedUnaborted, { total: 1, byCause: { 'server restart: key granted again': 1 } });
+  // With no loss in between it is unexplained, and the overlap behind it a violation.
+  const none = check([...regranted, ...ending(2000)], run());
+  assert.deepEqual(violated(none), { 'no-overlapping-valid-leases': 1 });
+  assert.deepEqual(none.stats.signal.obeying.fencedUnaborted.byCause, { unexplained: 1 });
+  // Sentinel: b held fence 20 on the old primary; after the failover a drew 15 from the
+  // promoted replica's counter, which was behind: no signal could know.
+  const behind = [
+    ...signalLease('b', 'k', 20, 0, 5, 100, { p: 1 }), ...write('b', 'k', 20, 10, { p: 1 }),
+    { k: 'fault', kind: 'primary-kill', id: 1, at: 150 },
+    ...signalLease('a', 'k', 15, 200, 210, 400), ...write('a', 'k', 15, 220, { ok: false }),
+  ];
+  const failover = check([...behind, ...ending(2000)], run({ mode: 'sentinel', minReplicas: 0, replicas: 2 }));
+  assert.deepEqual(violated(failover), {});
+  assert.deepEqual(failover.stats.signal.obeying.fencedUnaborted.byCause, { 'failover: fence drawn again': 1 });
+  // An ignoring holder's refused write with its signal aborted is one the signal would have prevented.
+  const late = [
+    ...signalLease('a', 'k', 10, 0, 5, 950, { obeys: false }), ...write('a', 'k', 10, 10, { obeys: false }), aborts('a', 'k', 805),
+    ...signalLease('b', 'k', 11, 810, 850, 1000, { p: 1 }), ...write('b', 'k', 11, 855, { p: 1 }),
+    ...write('a', 'k', 10, 900, { ok: false, aborted: true, obeys: false }),
+  ];
+  const ign = check([...late, ...ending(2000)], run()).stats.signal.ignoring;
+  assert.equal(ign.fencedAborted, 1);
+  assert.equal(ign.fencedUnaborted.total, 0);
+});
+
+test('a keep-alive lease is valid as long as its holder saw it valid, and a keep-alive renewal that found another owner lost it', () => {
+  // Granted at 5 (deadline 805 unless renewed); its holder saw it valid until 1500 at 1000.
+  const kept = [
+    ...signalLease('a', 'k', 10, 0, 5, 1300, { keepAlive: true }),
+    { k: 'write', op: 'a', key: 'k', p: 0, inc: 1, at: 1002, ok: true, checkedAt: 1000, obeys: true, aborted: false, seenExpiresAt: 1500 },
+    ...signalLease('b', 'k', 11, 900, 1200, 1400, { p: 1 }),
+  ];
+  assert.deepEqual(violated(check([...kept, ...ending(3000)], run())), { 'no-overlapping-valid-leases': 1 });
+  const unseen = kept.map((e) => (e.k === 'write' ? { ...e, seenExpiresAt: undefined } : e));
+  assert.deepEqual(violated(check([...unseen, ...ending(3000)], run())), {});
+  // Its renewal found another owner at 600, before the deadline: the lease ended there, lost.
+  const lostKa = [...signalLease('a', 'k', 10, 0, 5, 700, { keepAlive: true }), aborts('a', 'k', 600, 'LEASE_LOST'), ...signalLease('b', 'k', 11, 610, 650, 800, { p: 1 })];
+  const v = check([...lostKa, ...ending(3000)], run());
+  assert.deepEqual(violated(v), {});
+  assert.deepEqual(v.stats.leasesLost.byHow, { 'a keep-alive renewal found another owner': 1 });
+});
+
+test('a signal reason outside the contract, or not a LockError, is a violation', () => {
+  const h = [
+    ...signalLease('a', 'k', 10, 0, 5, 100), { ...aborts('a', 'k', 100, 'SHUT_DOWN') },
+    ...signalLease('b', 'k', 11, 200, 205, 300), { k: 'signal', op: 'b', key: 'k', p: 0, inc: 1, at: 300, err: { code: null, name: 'DOMException', lockError: false } },
+  ];
+  assert.deepEqual(violated(check([...h, ...ending(2000)], run())), { 'only-contract-error-codes': 2 });
+});
+
+test('a history recorded before the signal holders has no signal figures and no signal verdicts', () => {
+  const v = check([...lease('a', 'k', 10, 0, 5, 100), ...ending(1000)], run());
+  assert.equal(v.stats.signal, null);
+  assert.equal(v.counts['no-write-after-signal-aborted'].checked, 0);
+});

@@ -34,6 +34,15 @@ function chaos(args) {
 
 const totalFaults = (s) => Object.values(s.faultsByKind).reduce((a, b) => a + b, 0);
 
+// Half the leases obey their signal (decision 0156): none of their writes may follow an
+// abort, and the overrunning ones among them (their lease runs out while they hold it) skip.
+function assertSignalHolders(s) {
+  const judged = s.invariants['no-write-after-signal-aborted'];
+  assert.equal(judged.violations, 0, 'a holder that obeys the signal wrote after it aborted');
+  assert.ok(judged.checked >= 20, `only ${judged.checked} writes of obeying holders judged`);
+  assert.ok(s.signal.obeying.skips.total >= 1, 'no obeying holder skipped a write');
+}
+
 test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut and stalled connections, killed clients) holds every invariant', { skip: external, timeout: 120_000 }, async () => {
   const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone']);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
@@ -42,6 +51,7 @@ test('a short seeded standalone chaos run (server killed and restarted, stops, O
   assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
   assert.ok(totalFaults(s) >= 10, `only ${totalFaults(s)} faults injected`);
   assert.equal(s.invariants['fences-never-go-backwards'].documented, 0, 'standalone never excuses a fence going back');
+  assertSignalHolders(s);
 });
 
 test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed and stopped primaries, lagging replicas) holds every invariant', { skip: external, timeout: 150_000 }, async () => {
@@ -51,6 +61,7 @@ test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed an
   assert.equal(s.result, 'pass');
   assert.ok(s.switches >= 1, 'no failover happened in the run');
   assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
+  assertSignalHolders(s);
 });
 
 test('a short seeded Cluster chaos run, both notification modes (masters killed and rejoining, forced and graceful failovers, a stopped master, a lock key\'s slot migrated) holds every invariant', { skip: external, timeout: 180_000 }, async () => {
@@ -62,6 +73,7 @@ test('a short seeded Cluster chaos run, both notification modes (masters killed 
   const shardFaults = ['master-kill', 'cluster-failover', 'cluster-failover-force', 'master-stop', 'slot-migrate'].reduce((n, k) => n + (s.faultsByKind[k] ?? 0), 0);
   assert.ok(shardFaults >= 3, `only ${shardFaults} topology faults injected`);
   assert.ok(s.acquisitions.granted >= 50, `only ${s.acquisitions.granted} leases granted`);
+  assertSignalHolders(s);
 });
 
 test('the checker catches a driver whose release skips the owner check (mutant build), prints the seed and the history, and exits non-zero', { skip: external, timeout: 120_000 }, async () => {

@@ -93,9 +93,9 @@ export async function startProxy(target, { host = HOST } = {}) {
       upBuf: Buffer.alloc(0),
       cutPending: false,
       dead: false,
-      // Ordered delivery under latency: the time the last chunk of each direction is due.
-      dueUp: 0,
-      dueDown: 0,
+      // Ordered delivery under latency: each direction's delayed chunks, first due first.
+      dueUp: [],
+      dueDown: [],
     };
     conns.add(conn);
     const end = () => {
@@ -122,14 +122,25 @@ export async function startProxy(target, { host = HOST } = {}) {
     events.emit('connection', conn.id);
   }
 
+  // One queue and one timer per direction: a chunk goes out only after every chunk before it.
+  // (A timer per chunk let a chunk that came once the latency was lifted overtake one whose
+  // timer was due but had not fired yet: bytes reordered inside a TCP stream, which paired a
+  // reply with another command; a chaos run handed one key's fence to another key's acquire.)
   function schedule(conn, lane, fn) {
-    if (latencyMs <= 0 && conn[lane] <= performance.now()) {
+    const queue = conn[lane];
+    if (latencyMs <= 0 && queue.length === 0) {
       fn();
       return;
     }
-    const due = Math.max(performance.now() + latencyMs, conn[lane]);
-    conn[lane] = due;
-    setTimeout(fn, Math.max(0, due - performance.now()));
+    queue.push({ due: Math.max(performance.now() + latencyMs, queue.at(-1)?.due ?? 0), fn });
+    if (queue.length === 1) drainLater(queue);
+  }
+
+  function drainLater(queue) {
+    setTimeout(() => {
+      while (queue.length > 0 && queue[0].due <= performance.now()) queue.shift().fn();
+      if (queue.length > 0) drainLater(queue);
+    }, Math.max(0, queue[0].due - performance.now()));
   }
 
   function logCommands(conn, chunk) {

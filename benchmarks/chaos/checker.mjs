@@ -29,6 +29,11 @@ const ALLOWED = {
   renew: new Set(['LEASE_EXPIRED', 'LEASE_LOST', 'PROVIDER_FAILED', 'OUTCOME_UNKNOWN']),
   release: new Set(['PROVIDER_FAILED', 'OUTCOME_UNKNOWN']),
   shutdown: new Set([]),
+  // A lease's signal.reason (CONTRACT "Lease signal and keep-alive"): the deadline or
+  // release(), a renew's or a keep-alive renewal's error. SHUT_DOWN never: every worker
+  // releases before its process shuts down.
+  signal: new Set(['LEASE_EXPIRED', 'LEASE_LOST', 'OUTCOME_UNKNOWN', 'PROVIDER_FAILED']),
+  keepAlive: new Set(['LEASE_EXPIRED']),
 };
 const REDIS_CAUSE = new Set(['PROVIDER_FAILED', 'OUTCOME_UNKNOWN']);
 
@@ -42,6 +47,7 @@ export const INVARIANTS = [
   'only-contract-error-codes',
   'no-lease-lost-after-announced-switch',
   'no-lease-lost-outside-a-shard-failover',
+  'no-write-after-signal-aborted',
 ];
 
 /**
@@ -69,9 +75,16 @@ export function check(history, run) {
   const shutdowns = [];
   const storeWrites = [];
   const writes = [];
+  const skips = [];
   const errors = [];
   let finalHealAt = null;
   let lockKeysLeft = null;
+  // A keep-alive lease's deadline moves unseen (renewed on the addon's thread): each event
+  // carries how long it had left when its holder looked, a lower bound of its deadline.
+  const seen = (e) => {
+    const l = leases.get(e.op);
+    if (l?.keepAlive && e.seenExpiresAt > l.expiresAt) l.expiresAt = e.seenExpiresAt;
+  };
   for (const e of events) {
     switch (e.k) {
       case 'acq-start': starts.set(e.op, e); break;
@@ -80,6 +93,7 @@ export function check(history, run) {
         leases.set(e.op, {
           op: e.op, p: e.p, inc: e.inc, key: e.key, startAt: e.startAt, grantAt: e.at,
           fence: BigInt(e.fence), expiresAt: e.expiresAt, releaseAt: Infinity, invalidAt: Infinity, lost: null,
+          obeys: e.obeys, keepAlive: e.keepAlive === true, abortAt: Infinity, abortCode: null,
         });
         break;
       case 'acq-fail':
@@ -102,6 +116,7 @@ export function check(history, run) {
       case 'release-call': {
         const l = leases.get(e.op);
         if (l) l.releaseAt = Math.min(l.releaseAt, e.at);
+        seen(e);
         break;
       }
       case 'release': {
@@ -112,7 +127,15 @@ export function check(history, run) {
         else if (e.released === false && e.endAt < l.expiresAt) l.lost ??= { how: 'released while valid, but the key was no longer ours', at: e.endAt };
         break;
       }
-      case 'write': writes.push(e); break;
+      case 'write': writes.push(e); seen(e); break;
+      case 'skip': skips.push(e); seen(e); break;
+      case 'signal': {
+        const l = leases.get(e.op);
+        if (l && l.abortAt === Infinity) { l.abortAt = e.at; l.abortCode = e.err?.code ?? null; }
+        errors.push({ call: 'signal', e });
+        break;
+      }
+      case 'keepalive': if (!e.ok) errors.push({ call: 'keepAlive', e }); break;
       case 'store': storeWrites.push(e); break;
       case 'fault': faults.push(e); break;
       case 'heal': heals.push(e); break;
@@ -124,7 +147,16 @@ export function check(history, run) {
       default: break;
     }
   }
-  for (const l of leases.values()) l.end = Math.min(l.expiresAt, l.releaseAt, l.invalidAt);
+  for (const l of leases.values()) {
+    // The driver said the lease is over (its signal aborted) for a cause other than the
+    // deadline or release(): no longer valid from then on, at the latest. A keep-alive
+    // renewal that found another owner before the deadline lost the lease, as a renew does.
+    if (l.abortAt < Infinity && l.abortCode !== 'LEASE_EXPIRED') {
+      l.invalidAt = Math.min(l.invalidAt, l.abortAt);
+      if (l.keepAlive && l.abortCode === 'LEASE_LOST' && l.abortAt < l.expiresAt) l.lost ??= { how: 'a keep-alive renewal found another owner', at: l.abortAt };
+    }
+    l.end = Math.min(l.expiresAt, l.releaseAt, l.invalidAt);
+  }
 
   // A switch is announced by several Sentinels; the first announcement of each is what a
   // driver that follows the first announcement (issue 16, point 1) acts on.
@@ -143,6 +175,7 @@ export function check(history, run) {
   // before the announcements (the leader announces only when the failover ends, about a
   // second after the others, decision 0050, and a driver that connects meanwhile is
   // already sent to the new primary), to its first announcement.
+  const lossKind = run.mode === 'standalone' ? 'server restart' : 'failover';
   const losses = [
     ...faults.filter((f) => LOSS_FAULTS.has(f.kind) && !refused.has(f.id)).map((f) => [f.at, f.at]),
     ...switches.map((s) => [s.at - PROMOTION_BEFORE_ANNOUNCEMENT_MS, s.at]),
@@ -155,6 +188,8 @@ export function check(history, run) {
     : [];
   const lossBetween = (from, to, key) => losses.some(([a, b]) => a <= to && b >= from)
     || shardLosses.some(([a, b, ks]) => a <= to && b >= from && ks.has(key));
+  const lossKindBetween = (from, to, key) => (losses.some(([a, b]) => a <= to && b >= from) ? lossKind
+    : shardLosses.some(([a, b, ks]) => a <= to && b >= from && ks.has(key)) ? 'shard failover' : null);
   const killedAt = new Map(); // `${p}.${inc}` → when the nemesis killed it
   for (const f of faults) if (f.kind === 'proc-kill') killedAt.set(`${f.target}.${f.inc}`, f.at);
   const stoppedSpans = faults.filter((f) => f.kind === 'proc-stop').map((f) => ({
@@ -223,12 +258,14 @@ export function check(history, run) {
 
   // ------------------------------------------------------- no stale write accepted ----
   const lastAccepted = new Map();
+  const refusedBy = new Map(); // `${p}.${inc}.${wid}` of a refused write → the accepted write that refused it
   let staleCaught = 0;
   let refusedWhileValid = 0;
   for (const w of storeWrites) {
     counts['no-stale-write-accepted'].checked += 1;
     const fence = BigInt(w.fence);
     const last = lastAccepted.get(w.key);
+    if (!w.ok && last && w.wid !== undefined) refusedBy.set(`${w.p}.${w.inc}.${w.wid}`, last);
     if (w.ok) {
       if (last && (fence < last.fence || (fence === last.fence && w.lease !== last.lease))) {
         violate('no-stale-write-accepted', `key ${w.key}: the store accepted fence ${fence} of lease ${w.lease} after fence ${last.fence} of lease ${last.lease}`, { key: w.key, from: w.at - 2000, to: w.at + 1 });
@@ -335,6 +372,75 @@ export function check(history, run) {
     }
   }
 
+  // ---------------------------------------------------------------- the lease signal ----
+  // Holders that obey their signal skip a write once it aborted (decision 0156). (a) A write
+  // by one of them after the abort is a violation; (b) a write the fence refused although
+  // the signal had not aborted is a loss the signal missed, counted by cause; (c) a skip
+  // whose lease had been superseded (a higher fence granted) or was over by its deadline
+  // is a stale write the signal prevented before the fence had to stop it.
+  let signalStats = null;
+  if ([...leases.values()].some((l) => l.obeys !== undefined)) {
+    const group = () => ({ leases: 0, keepAlive: 0, writes: 0, accepted: 0, fenced: 0, fencedAborted: 0, acceptedAborted: 0, fencedUnaborted: { total: 0, byCause: {} } });
+    const obeying = { ...group(), skips: { total: 0, byReason: {} }, prevented: { total: 0, storeHadNewer: 0, supersededNotYetWritten: 0, overNoNewerHolder: 0 }, skipsNotStale: { total: 0, byReason: {} }, writesAfterAbort: 0 };
+    const ignoring = group();
+    const of = (l) => (l.obeys ? obeying : ignoring);
+    for (const l of leases.values()) {
+      if (l.obeys === undefined) continue;
+      of(l).leases += 1;
+      if (l.keepAlive) of(l).keepAlive += 1;
+    }
+    const bump = (o, k) => { o[k] = (o[k] ?? 0) + 1; };
+    const causeOf = (w, l) => {
+      const by = refusedBy.get(`${w.p}.${w.inc}.${w.wid}`);
+      const b = by && leases.get(by.lease);
+      // The checker's end of the lease (deadline, release, the driver's word) came before
+      // the signal was read: it should have aborted. Expected never; the history tells.
+      if (w.checkedAt > l.end) return 'lease over before the write by the checker\'s clock';
+      if (w.storeAt > l.end) return 'lease ended while the write was in flight';
+      const kind = lossKindBetween(Math.min(l.startAt, b?.startAt ?? Infinity), w.storeAt ?? w.at, l.key);
+      // Fence drawn again: the refusing lease was granted first (a promoted replica's
+      // counter behind); granted again: the key went to another holder while this one held it.
+      if (kind) return `${kind}: ${b && b.grantAt < l.grantAt ? 'fence drawn again' : 'key granted again'}`;
+      if (b && b.grantAt < l.end && l.end - b.grantAt <= (run.clockDriftMs ?? 0)) return 'wall-clock drift';
+      return 'unexplained';
+    };
+    for (const w of writes) {
+      const l = leases.get(w.op);
+      if (!l || l.obeys === undefined) continue;
+      const g = of(l);
+      g.writes += 1;
+      if (w.ok) g.accepted += 1; else g.fenced += 1;
+      if (w.aborted && w.ok) g.acceptedAborted += 1;
+      if (w.aborted && !w.ok) g.fencedAborted += 1;
+      if (!w.aborted && !w.ok) { g.fencedUnaborted.total += 1; bump(g.fencedUnaborted.byCause, causeOf(w, l)); }
+      if (l.obeys) {
+        counts['no-write-after-signal-aborted'].checked += 1;
+        if (w.aborted) {
+          obeying.writesAfterAbort += 1;
+          violate('no-write-after-signal-aborted', `lease ${w.op} on ${w.key} (fence ${l.fence}) wrote after its signal aborted (${w.reason}): its holder obeys the signal`, { key: w.key, from: l.grantAt, to: w.at + 1 });
+        }
+      }
+    }
+    for (const s of skips) {
+      const l = leases.get(s.op);
+      if (!l) continue;
+      obeying.skips.total += 1;
+      bump(obeying.skips.byReason, s.reason ?? 'none');
+      const storeHadNewer = storeWrites.some((x) => x.ok && x.key === l.key && x.at <= s.at && BigInt(x.fence) > l.fence);
+      const superseded = (byKey.get(l.key) ?? []).some((b) => b !== l && b.fence > l.fence && b.grantAt <= s.at);
+      if (storeHadNewer) obeying.prevented.storeHadNewer += 1;
+      else if (superseded) obeying.prevented.supersededNotYetWritten += 1;
+      // Past its deadline with no newer holder yet: a stale write the store would still
+      // have taken (no higher fence to compare with), so only the signal stops it.
+      else if (s.at >= l.expiresAt) obeying.prevented.overNoNewerHolder += 1;
+      else { obeying.skipsNotStale.total += 1; bump(obeying.skipsNotStale.byReason, s.reason ?? 'none'); continue; }
+      obeying.prevented.total += 1;
+    }
+    const abortReasons = {};
+    for (const l of leases.values()) if (l.abortCode !== null) bump(abortReasons, l.abortCode);
+    signalStats = { obeyShare: 0.5, obeying, ignoring, abortReasons };
+  }
+
   const lost = [...leases.values()].filter((l) => l.lost);
   const faultsByKind = {};
   for (const f of faults) faultsByKind[f.kind] = (faultsByKind[f.kind] ?? 0) + 1;
@@ -352,9 +458,24 @@ export function check(history, run) {
     acquireBoundMs: bound,
     finalRecoveryMs,
     recoveryAfterHealMs: Object.fromEntries(Object.entries(recoveries).map(([k, v]) => [k, summary(v)])),
+    signal: signalStats,
   };
   stats.leasesLost.byHow = countBy(lost, (l) => l.lost.how.replace(/[\d.]+/g, 'N').replace(/lease \S+/g, 'lease X'));
   return { ok: violations.length === 0, counts, violations, stats, events };
+}
+
+/** The lease signal's figures as lines of the run's text report. */
+export function formatSignal(sig) {
+  if (!sig) return ['lease signal: not recorded in this history'];
+  const causes = (c) => (c.total === 0 ? '0' : `${c.total} (${Object.entries(c.byCause).map(([k, n]) => `${k}: ${n}`).join('; ')})`);
+  const reasons = (o) => Object.entries(o).map(([k, n]) => `${k} ${n}`).join(', ') || 'none';
+  const { obeying: o, ignoring: i } = sig;
+  return [
+    `lease signal: ${o.leases} leases obeyed it (${o.keepAlive} with keepAlive), ${i.leases} ignored it`,
+    `  obeying: ${o.writes} writes, ${o.skips.total} skipped (${reasons(o.skips.byReason)}); stale writes the signal prevented: ${o.prevented.total} (the store already had a newer fence: ${o.prevented.storeHadNewer}, a newer lease granted but not yet written: ${o.prevented.supersededNotYetWritten}, past the deadline with no newer holder: ${o.prevented.overNoNewerHolder}); skips of a lease not yet stale: ${o.skipsNotStale.total}`,
+    `  obeying: writes after the signal aborted: ${o.writesAfterAbort} (must be 0); fenced with the signal not aborted: ${causes(o.fencedUnaborted)}`,
+    `  ignoring: ${i.writes} writes, ${i.fenced} fenced: ${i.fencedAborted} with the signal already aborted (it would have prevented them), ${causes(i.fencedUnaborted)} not; ${i.acceptedAborted} accepted with the signal aborted (stale, no newer fence to stop them)`,
+  ];
 }
 
 function countBy(items, f) {

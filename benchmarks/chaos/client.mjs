@@ -22,11 +22,13 @@ const send = (ev) => {
 };
 
 // The fenced store lives in the coordinator; a write is a round trip over IPC.
+// Resolves { ok, storeAt, wid }: the store's verdict, when it judged (coordinator's stamp,
+// same clock) and the write's id, which the store's own history event carries too.
 const pendingWrites = new Map();
 function storeWrite(key, fence, lease) {
   const id = ++seq;
   return new Promise((resolve) => {
-    pendingWrites.set(id, resolve);
+    pendingWrites.set(id, (ok, storeAt) => resolve({ ok, storeAt, wid: id }));
     process.send({ t: 'write', id, key, fence, lease, p: proc, inc: incarnation, sentAt: now() });
   });
 }
@@ -39,7 +41,7 @@ let stopped;
 const stopRequested = new Promise((resolve) => { stopped = resolve; });
 process.on('message', (msg) => {
   if (msg.t === 'ack') {
-    pendingWrites.get(msg.id)?.(msg.ok);
+    pendingWrites.get(msg.id)?.(msg.ok, msg.at);
     pendingWrites.delete(msg.id);
   } else if (msg.t === 'stop') {
     stopping = true;
@@ -72,8 +74,19 @@ const driver = createRedisLockDriver(
   },
 );
 
+// A holder that obeys its lease's signal (issue 24 item 3) checks `lease.signal.aborted`
+// before each fenced write and skips the write when it aborted, and passes the signal to its
+// waits, so a lost or expired lease cuts the hold short. A seeded half of the leases obey,
+// the other half write regardless (the stale writers the fence has to stop) but record what
+// their signal said, so one run compares both under the same faults (decision 0156).
+// A quarter of the obeying leases use keepAlive instead of a manual renew.
+const OBEY_SHARE = 0.5;
+const KEEP_ALIVE_SHARE = 0.25;
+
 async function worker(w) {
   const r = rng(seed, 1000 + proc, incarnation, w);
+  // The signal choices come from a stream of their own: `r` draws what it drew before them.
+  const rs = rng(seed, 2000 + proc, incarnation, w);
   while (!stopping) {
     const key = r.pick(keys);
     const op = `${proc}.${incarnation}.${w}.${++seq}`;
@@ -88,16 +101,57 @@ async function worker(w) {
       continue;
     }
     const grantAt = now();
-    send({ k: 'grant', op, key, w, at: grantAt, startAt, fence: lease.fence, expiresAt: grantAt + lease.remainingMs });
+    const obeys = rs.chance(OBEY_SHARE);
+    const keepAlive = obeys && rs.chance(KEEP_ALIVE_SHARE);
+    send({ k: 'grant', op, key, w, at: grantAt, startAt, fence: lease.fence, expiresAt: grantAt + lease.remainingMs, obeys, keepAlive });
+    // Read for every lease, obeying or not: the history says for each write whether the
+    // signal had aborted. Its abort is recorded with the reason's code and cause structure.
+    const signal = lease.signal;
+    const onAbort = () => send({ k: 'signal', op, key, at: now(), err: describe(signal.reason) });
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+    // A keep-alive lease's deadline moves on the addon's thread, unseen here: each event of
+    // it says how long the lease had left when the holder looked, a lower bound the checker
+    // extends the lease by (a manual renew reports its own).
+    const seen = () => {
+      if (!keepAlive) return undefined;
+      const at = now();
+      const ms = lease.remainingMs;
+      return ms > 0 ? at + ms : undefined;
+    };
+    if (keepAlive) {
+      try {
+        lease.keepAlive({ maxHoldMs: leaseMs });
+        send({ k: 'keepalive', op, key, at: now(), ok: true });
+      } catch (err) {
+        send({ k: 'keepalive', op, key, at: now(), ok: false, err: describe(err) });
+      }
+    }
+    const waitOpts = obeys ? { signal } : undefined;
+    const wait = (ms) => sleep(ms, undefined, waitOpts).catch(() => {}); // an abort ends the wait early
+
+    // One fenced write, or its skip. `checkedAt` is stamped before the signal is read, so
+    // it is no later than the read; reading `aborted` asks the driver at once (decision 0150).
+    const fencedWrite = async (validBefore) => {
+      const checkedAt = now();
+      const aborted = signal.aborted;
+      const reason = aborted ? signal.reason?.code ?? null : undefined;
+      if (obeys && aborted) {
+        send({ k: 'skip', op, key, at: checkedAt, reason, seenExpiresAt: seen() });
+        return;
+      }
+      const seenExpiresAt = seen();
+      const { ok, storeAt, wid } = await storeWrite(key, lease.fence, op);
+      send({ k: 'write', op, key, at: now(), ok, validBefore: validBefore ?? lease.valid, checkedAt, storeAt, wid, obeys, aborted, reason, seenExpiresAt });
+    };
 
     // First write at once, then hold. Now and then a worker overruns its lease (a long GC
     // pause, a slow call) and writes anyway: those are the stale writers the fence must stop.
     const overrun = r.chance(0.08);
     const holdMs = overrun ? r.int(leaseMs, leaseMs * 2) : r.int(0, Math.floor(leaseMs * 0.4));
-    const ok1 = await storeWrite(key, lease.fence, op);
-    send({ k: 'write', op, key, at: now(), ok: ok1, validBefore: lease.valid });
-    await sleep(holdMs);
-    if (!overrun && r.chance(0.25) && lease.valid) {
+    await fencedWrite();
+    await wait(holdMs);
+    if (!overrun && r.chance(0.25) && !keepAlive && lease.valid) {
       const at = now();
       try {
         await lease.renew();
@@ -105,16 +159,14 @@ async function worker(w) {
       } catch (err) {
         send({ k: 'renew', op, key, at, endAt: now(), ok: false, err: describe(err), valid: lease.valid, expiresAt: now() + lease.remainingMs });
       }
-      await sleep(r.int(0, Math.floor(leaseMs * 0.2)));
+      await wait(r.int(0, Math.floor(leaseMs * 0.2)));
     }
-    const validBefore = lease.valid;
-    const ok2 = await storeWrite(key, lease.fence, op);
-    send({ k: 'write', op, key, at: now(), ok: ok2, validBefore });
+    await fencedWrite(lease.valid);
     const relAt = now();
     const validAtRelease = lease.valid;
     // Sent before the call: a process killed while its release is in flight has still ended
     // the lease here, and Redis may run that release after the process died.
-    send({ k: 'release-call', op, key, at: relAt });
+    send({ k: 'release-call', op, key, at: relAt, seenExpiresAt: seen() });
     try {
       const released = await lease.release();
       send({ k: 'release', op, key, at: relAt, endAt: now(), ok: true, released, validBefore: validAtRelease });

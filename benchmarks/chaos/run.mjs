@@ -17,7 +17,7 @@ import { parseOptions, root } from '../lib.mjs';
 import { startProxy } from '../../__test__/helpers/proxy.mjs';
 import { encode, parseReply } from '../../__test__/helpers/redis.mjs';
 import { admin, MASTER, startRedisCluster, startSentinelCluster, startStandalone } from './cluster.mjs';
-import { check, excerpt, formatEvent, INVARIANTS } from './checker.mjs';
+import { check, excerpt, formatEvent, formatSignal, INVARIANTS } from './checker.mjs';
 import { createNemesis } from './nemesis.mjs';
 import { now, rng } from './prng.mjs';
 
@@ -168,8 +168,11 @@ function storeWrite(msg) {
   const last = store.get(msg.key);
   const ok = !last || fence > last.fence || (fence === last.fence && msg.lease === last.lease);
   if (ok) store.set(msg.key, { fence, lease: msg.lease });
-  record({ k: 'store', at: now(), key: msg.key, fence: msg.fence, lease: msg.lease, p: msg.p, ok });
-  return ok;
+  const at = now();
+  // wid: the client's id of the write, so the checker joins the store's verdict to the
+  // holder's record of it (what its signal said when it wrote).
+  record({ k: 'store', at, key: msg.key, fence: msg.fence, lease: msg.lease, p: msg.p, inc: msg.inc, wid: msg.id, ok });
+  return { ok, at };
 }
 
 // ------------------------------------------------------------------ clients ----
@@ -202,8 +205,8 @@ function spawnClient(p) {
   child.on('message', (msg) => {
     if (msg.t === 'ev') record(msg.ev);
     else if (msg.t === 'write') {
-      const ok = storeWrite(msg);
-      if (child.connected) child.send({ t: 'ack', id: msg.id, ok });
+      const { ok, at } = storeWrite(msg);
+      if (child.connected) child.send({ t: 'ack', id: msg.id, ok, at });
     }
   });
   child.on('error', () => {});
@@ -299,6 +302,7 @@ if (o.out) writeFileSync(o.out, JSON.stringify(summary, null, 2) + '\n');
 if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_, v) => (typeof v === 'bigint' ? String(v) : v))).join('\n') + '\n');
 
 console.log(JSON.stringify(summary, null, 2));
+console.log(`\n${formatSignal(verdict.stats.signal).join('\n')}`);
 if (!verdict.ok) {
   const shown = new Map();
   console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}, notifications ${run.notifications}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
