@@ -607,19 +607,52 @@ pub(crate) fn role(server: &RedisServer) -> String {
     reply.split("\r\n").find(|l| !l.starts_with(['*', '$'])).unwrap_or_default().to_owned()
 }
 
-/// Blocks until `primary` has `replicas` replicas online (their first sync done).
+/// Blocks until `primary` has `replicas` replicas online (their first sync done) that have
+/// acknowledged a write: after a sync, Redis 7.0 streams to a replica, and so counts it for
+/// WAIT, only from its first REPLCONF ACK (sent once a second). Without that, a
+/// `minReplicas` write made right after the sync can be refused NOREPLICAS on a busy machine.
 pub(crate) fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duration) {
     let end = Instant::now() + within;
+    let slave_lines = |info: &str| -> Vec<String> {
+        info.lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state="))
+            .map(String::from)
+            .collect()
+    };
     loop {
         let info = primary.command(&["INFO", "replication"]);
-        let online =
-            info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+        let online = slave_lines(&info).iter().filter(|l| l.contains("state=online")).count();
         if online >= replicas {
-            return;
+            break;
         }
         assert!(
             Instant::now() < end,
             "{replicas} replica(s) not online within {within:?}:\n{info}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    primary.command(&["SET", "replicas-acknowledged", "1"]);
+    let written = primary
+        .command(&["INFO", "replication"])
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    loop {
+        let info = primary.command(&["INFO", "replication"]);
+        let acked = slave_lines(&info)
+            .iter()
+            .filter_map(|l| {
+                l.split(',').find_map(|f| f.strip_prefix("offset="))?.parse::<u64>().ok()
+            })
+            .filter(|&offset| offset >= written)
+            .count();
+        if acked >= replicas {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{replicas} replica(s) did not acknowledge a write within {within:?}:\n{info}"
         );
         thread::sleep(Duration::from_millis(20));
     }
