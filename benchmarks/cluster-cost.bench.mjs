@@ -66,6 +66,9 @@ async function counters(server) {
     commands: commandStats(await server.command('INFO', 'commandstats')),
     bytesIn: Number(stats.total_net_input_bytes),
     bytesOut: Number(stats.total_net_output_bytes),
+    // Socket reads and writes: how many commands Redis gets per wake-up (its batching).
+    reads: Number(stats.total_reads_processed ?? 0),
+    writes: Number(stats.total_writes_processed ?? 0),
     busMessages: Number(bus.cluster_stats_messages_sent ?? 0) + Number(bus.cluster_stats_messages_received ?? 0),
   };
 }
@@ -83,6 +86,7 @@ function delta(after, before) {
   return {
     cpu: after.cpu - before.cpu, commands,
     bytesIn: after.bytesIn - before.bytesIn, bytesOut: after.bytesOut - before.bytesOut,
+    reads: after.reads - before.reads, writes: after.writes - before.writes,
     busMessages: after.busMessages - before.busMessages,
   };
 }
@@ -120,13 +124,15 @@ async function measure(d, driver, opts, tag) {
     idleCommandsPerSecond: Object.fromEntries(Object.entries(idleCommands).map(([k, v]) => [k, round(v / idle.seconds, 2)])),
     bytesInPerPair: round(sum(busy.nodes.map((n) => n.bytesIn)) / pairs, 1),
     bytesOutPerPair: round(sum(busy.nodes.map((n) => n.bytesOut)) / pairs, 1),
+    socketReadsPerPair: round(sum(busy.nodes.map((n) => n.reads)) / pairs, 3),
+    socketWritesPerPair: round(sum(busy.nodes.map((n) => n.writes)) / pairs, 3),
     busMessagesPerSecondIdle: round(sum(idle.nodes.map((n) => n.busMessages)) / idle.seconds, 1),
     busMessagesPerSecondBusy: round(sum(busy.nodes.map((n) => n.busMessages)) / busy.seconds, 1),
     driverCpuUsPerPair: round(busy.result.cpuUs / pairs, 2),
   };
 }
 
-const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle', 'idleRedisCpuUsPerSecond', 'bytesInPerPair', 'bytesOutPerPair', 'busMessagesPerSecondIdle', 'busMessagesPerSecondBusy', 'driverCpuUsPerPair'];
+const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle', 'idleRedisCpuUsPerSecond', 'bytesInPerPair', 'bytesOutPerPair', 'socketReadsPerPair', 'socketWritesPerPair', 'busMessagesPerSecondIdle', 'busMessagesPerSecondBusy', 'driverCpuUsPerPair'];
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
@@ -184,6 +190,7 @@ async function main() {
         redisCpuUsPerPair: 'redis-server utime+stime (/proc/<pid>/stat, 10 ms ticks) over the busy window, summed over the nodes, / pairs completed',
         redisCpuUsPerPairLessIdle: 'the same less the nodes\' CPU per second in the idle window just before (driver connected, sending nothing) times the busy window\'s length',
         commandsPerPair: 'INFO commandstats calls over the busy window, summed over the nodes, / pairs (the benchmark\'s own INFO and CLUSTER INFO taken out)',
+        socketReadsPerPair: 'INFO stats total_reads_processed over the busy window, summed over the nodes, / pairs: fewer commands per read means less batching per wake-up (the same for writes)',
         busMessages: 'CLUSTER INFO cluster_stats_messages_sent + _received, summed over the nodes, per second',
       },
     },
@@ -205,6 +212,8 @@ async function main() {
     row('idle Redis CPU, µs per second', 'idleRedisCpuUsPerSecond'),
     row('bytes Redis read per pair', 'bytesInPerPair'),
     row('bytes Redis wrote per pair', 'bytesOutPerPair'),
+    row('socket reads per pair (summed over the nodes)', 'socketReadsPerPair'),
+    row('socket writes per pair (summed over the nodes)', 'socketWritesPerPair'),
     row('cluster bus messages per second, idle', 'busMessagesPerSecondIdle'),
     row('cluster bus messages per second, busy', 'busMessagesPerSecondBusy'),
     row('driver process CPU per pair, µs', 'driverCpuUsPerPair'),
