@@ -17,29 +17,8 @@ fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
     let port = primary.port.to_string();
     let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !primary.command(&["INFO", "replication"]).contains("state=online") {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // After a sync, Redis 7.0 streams to the replica (and so counts it for WAIT) only from
-    // its first REPLCONF ACK, sent once a second: wait until it acknowledged a write.
-    primary.command(&["SET", "replica-ready", "1"]);
-    while acked_offset(&primary) == 0 {
-        assert!(Instant::now() < deadline, "the replica did not acknowledge its primary");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    support::wait_for_replicas(&primary, 1, Duration::from_secs(10));
     (primary, replica)
-}
-
-/// The replication offset the first replica acknowledged, from the primary's INFO.
-fn acked_offset(primary: &RedisServer) -> u64 {
-    let info = primary.command(&["INFO", "replication"]);
-    let line = info.lines().find(|l| l.starts_with("slave0:")).unwrap_or_default();
-    line.split(',')
-        .find_map(|f| f.strip_prefix("offset="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 fn get(redis: &RedisServer, key: &str) -> String {

@@ -613,24 +613,17 @@ pub(crate) fn role(server: &RedisServer) -> String {
 /// `minReplicas` write made right after the sync can be refused NOREPLICAS on a busy machine.
 pub(crate) fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: Duration) {
     let end = Instant::now() + within;
-    let slave_lines = |info: &str| -> Vec<String> {
-        info.lines()
-            .filter(|l| l.starts_with("slave") && l.contains("state="))
-            .map(String::from)
-            .collect()
-    };
-    loop {
+    // Polls `INFO replication` until `enough` of its replica lines pass `ready`.
+    let poll = |what: &str, ready: &dyn Fn(&str) -> bool| loop {
         let info = primary.command(&["INFO", "replication"]);
-        let online = slave_lines(&info).iter().filter(|l| l.contains("state=online")).count();
-        if online >= replicas {
-            break;
+        let passed = info.lines().filter(|l| l.starts_with("slave") && ready(l)).count();
+        if passed >= replicas {
+            return;
         }
-        assert!(
-            Instant::now() < end,
-            "{replicas} replica(s) not online within {within:?}:\n{info}"
-        );
+        assert!(Instant::now() < end, "{replicas} replica(s) {what} within {within:?}:\n{info}");
         thread::sleep(Duration::from_millis(20));
-    }
+    };
+    poll("not online", &|line| line.contains("state=online"));
     primary.command(&["SET", "replicas-acknowledged", "1"]);
     let written = primary
         .command(&["INFO", "replication"])
@@ -638,22 +631,10 @@ pub(crate) fn wait_for_replicas(primary: &RedisServer, replicas: usize, within: 
         .find_map(|l| l.strip_prefix("master_repl_offset:"))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
-    loop {
-        let info = primary.command(&["INFO", "replication"]);
-        let acked = slave_lines(&info)
-            .iter()
-            .filter_map(|l| {
-                l.split(',').find_map(|f| f.strip_prefix("offset="))?.parse::<u64>().ok()
-            })
-            .filter(|&offset| offset >= written)
-            .count();
-        if acked >= replicas {
-            return;
-        }
-        assert!(
-            Instant::now() < end,
-            "{replicas} replica(s) did not acknowledge a write within {within:?}:\n{info}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    poll("did not acknowledge a write", &|line| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix("offset="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|offset| offset >= written)
+    });
 }
