@@ -4,7 +4,7 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { check } from '../benchmarks/chaos/checker.mjs';
+import { check, excerpt, formatGaps } from '../benchmarks/chaos/checker.mjs';
 
 const run = (over = {}) => ({
   mode: 'standalone', minReplicas: 0, replicas: 0, leaseMs: 800, waitTimeoutMs: 2000, commandTimeoutMs: 1000,
@@ -78,6 +78,13 @@ test('an acquire that never settles, or settles past its bound, is a violation u
   assert.deepEqual(violated(check([...never, ...ending(10_000)], run())), { 'every-acquire-settles-in-bound': 1 });
   const killed = [...never, { k: 'fault', kind: 'proc-kill', id: 1, target: 0, inc: 1, at: 100 }];
   assert.deepEqual(violated(check([...killed, ...ending(10_000)], run())), {});
+  // The coordinator records the kill just before the signal lands: an acquire the process
+  // started in between is stamped after the kill, and was cut by it all the same.
+  const killedRacing = [{ k: 'fault', kind: 'proc-kill', id: 1, target: 0, inc: 1, at: 100 }, { k: 'acq-start', op: 'x', key: 'k', p: 0, inc: 1, at: 100.02 }];
+  assert.deepEqual(violated(check([...killedRacing, ...ending(10_000)], run())), {});
+  // One already overdue when its process was killed is still judged.
+  const overdue = [...never, { k: 'fault', kind: 'proc-kill', id: 1, target: 0, inc: 1, at: 8000 }];
+  assert.deepEqual(violated(check([...overdue, ...ending(10_000)], run())), { 'every-acquire-settles-in-bound': 1 });
   const late = [...never, { k: 'acq-fail', op: 'x', key: 'k', p: 0, inc: 1, at: 6000, startAt: 0, err: { code: 'WAIT_TIMEOUT', lockError: true } }];
   assert.deepEqual(violated(check([...late, ...ending(10_000)], run())), { 'every-acquire-settles-in-bound': 1 });
   const stopped = [...late, { k: 'fault', kind: 'proc-stop', id: 2, target: 0, at: 100 }, { k: 'heal', kind: 'proc-stop', id: 2, target: 0, at: 5000 }];
@@ -311,4 +318,68 @@ test('a history recorded before the signal holders has no signal figures and no 
   const v = check([...lease('a', 'k', 10, 0, 5, 100), ...ending(1000)], run());
   assert.equal(v.stats.signal, null);
   assert.equal(v.counts['no-write-after-signal-aborted'].checked, 0);
+});
+
+test('probe events (an ioredis client writing beside the drivers) are never judged; the gaps set its longest gap without a write beside the drivers\' without a lease', () => {
+  // Leases every 100 ms, then none from 1000 to 4000 ms. The probe writes every 50 ms, fails
+  // from 1000 to 2000 ms (the servers' part), then writes again while the drivers still get
+  // nothing until 4000 ms (the driver's part). Its events carry no key and no process.
+  const leases = [];
+  for (let t = 0; t <= 1000; t += 100) leases.push(...lease(`a${t}`, 'k', 10 + t / 100, t, t + 1, t + 50));
+  for (let t = 4000; t <= 4500; t += 100) leases.push(...lease(`b${t}`, 'k', 10 + t / 100, t - 1, t, t + 50));
+  const probe = [{ k: 'run-start', at: -500 }];
+  for (let t = 0; t <= 4500; t += 50) {
+    const ok = t <= 1000 || t >= 2000;
+    probe.push({ k: 'probe', ev: 'write', at: t, startAt: t - 1, n: t / 50, ok, port: t < 1500 ? 7001 : 7002, acks: ok ? 1 : undefined, err: ok ? undefined : { name: 'Error', msg: 'Connection is closed.' } });
+  }
+  probe.push({ k: 'probe', ev: 'error', at: 1500, err: { name: 'Error', msg: 'All sentinels are unreachable.' } });
+  probe.push({ k: 'probe', ev: 'exit', at: 9000, code: 1 }); // not a driver's exit: not judged
+  // The coordinator's view of the cluster, recorded when it changed.
+  probe.push({ k: 'probe', ev: 'view', at: 200, view: 'named 7001,7001,7001; 7001 master, 7002 slave→7001 connected' });
+  probe.push({ k: 'probe', ev: 'view', at: 1200, view: 'named 7001,?,7002; 7001 down, 7002 slave→7001 connect' });
+  probe.push({ k: 'probe', ev: 'view', at: 1900, view: 'named 7002,7002,7002; 7001 down, 7002 master' });
+  const base = [...leases, ...ending(4600)];
+  const without = check(base, run({ mode: 'sentinel', minReplicas: 1, replicas: 2 }));
+  const v = check([...base, ...probe], run({ mode: 'sentinel', minReplicas: 1, replicas: 2 }));
+  assert.deepEqual(violated(v), {});
+  assert.deepEqual(v.counts, without.counts, 'probe events change no invariant\'s figures');
+  assert.equal(without.stats.gaps.probe, null);
+
+  const [drivers] = v.stats.gaps.leases.longest;
+  assert.equal(drivers.ms, 2999); // granted at 1001, next at 4000
+  assert.equal(drivers.fromS, 1.5); // from run-start
+  assert.equal(drivers.probe.longestOverlappingMs, 1000); // the probe failed for 1 s of the 3
+  assert.equal(drivers.probe.okWithin, 40); // and wrote from 2000 to 3950
+  assert.equal(drivers.probe.downShare, Number((999 / 2999).toFixed(3)));
+  assert.equal(drivers.probeReplicated.longestOverlappingMs, 1000);
+
+  const p = v.stats.gaps.probe;
+  assert.deepEqual(p.writes, { sent: 91, ok: 72, failed: 19, replicated: 72 });
+  assert.equal(p.primaries, 2);
+  const [probeGap] = p.longest;
+  assert.deepEqual([probeGap.ms, probeGap.portBefore, probeGap.portAfter], [1000, 7001, 7002]);
+  assert.deepEqual(probeGap.writesFailed, { 'Connection is closed.': 19 });
+  assert.deepEqual(probeGap.clientErrors, { 'All sentinels are unreachable.': 1 });
+  assert.equal(probeGap.leases.okWithin, 1); // the last lease before the drivers' gap, at 1001
+  assert.equal(probeGap.leases.downShare, 0.999); // the drivers were down all the rest of it too
+  assert.equal(probeGap.leases.longestOverlappingMs, 2999);
+  assert.deepEqual(probeGap.cluster, { changes: 2, shown: [
+    '+0.7s named 7001,7001,7001; 7001 master, 7002 slave→7001 connected',
+    '+1.7s named 7001,?,7002; 7001 down, 7002 slave→7001 connect',
+    '+2.4s named 7002,7002,7002; 7001 down, 7002 master',
+  ] });
+  assert.deepEqual(v.stats.gaps.switchesMostIn10s, { n: 0 });
+  // Switches (announcements grouped) flipping the primary: the most in any 10 s.
+  const flips = [0, 1000, 2000, 13_000].map((at, i) => ({ k: 'announce', at, sentinel: 0, from: 7001 + (i % 2), to: 7002 - (i % 2) }));
+  assert.deepEqual(check([...base, ...flips], run({ mode: 'sentinel', minReplicas: 1, replicas: 2 })).stats.gaps.switchesMostIn10s, { n: 3, fromS: 0, toS: 2 });
+  const text = formatGaps(v.stats.gaps).join('\n');
+  assert.match(text, /\n {13}\+1\.7s named 7001,\?,7002/); // under the drivers' 3 s gap
+  assert.match(text, /2999 ms \+1\.5s…\+4\.5s/);
+  assert.match(text, /probe: 40 writes ok inside \(ports 7002 40\), its longest overlapping gap 1000 ms, down 33 % of the window/);
+
+  // A violation's excerpt never drowns in probe writes.
+  const overlap = check([...lease('x', 'k2', 5, 0, 5, 500), ...lease('y', 'k2', 6, 50, 200, 300, { p: 1 }), ...probe, ...ending(10_000)], run());
+  assert.equal(overlap.counts['no-overlapping-valid-leases'].violations, 1);
+  const shown = excerpt(overlap.events, overlap.violations[0].around);
+  assert.ok(shown.length > 0 && shown.every((e) => e.k !== 'probe'));
 });

@@ -3,7 +3,7 @@
 // history, so a fixed checker can judge an old run without running it again.
 
 import { readFileSync } from 'node:fs';
-import { check, excerpt, formatEvent, formatSignal, INVARIANTS } from './checker.mjs';
+import { check, excerpt, formatEvent, formatGaps, formatSignal, INVARIANTS } from './checker.mjs';
 
 const [summaryFile, historyFile] = process.argv.slice(2);
 if (!summaryFile || !historyFile) {
@@ -26,6 +26,7 @@ console.log(JSON.stringify({
   firstViolations: v.violations.slice(0, 10).map((x) => ({ invariant: x.invariant, detail: x.detail })),
 }, null, 2));
 console.log(`\n${formatSignal(v.stats.signal).join('\n')}`);
+console.log(`\n${formatGaps(v.stats.gaps).join('\n')}`);
 for (const x of v.violations.slice(0, 6)) {
   console.log(`\n✗ ${x.invariant}: ${x.detail}`);
   for (const e of excerpt(v.events, x.around)) console.log(formatEvent(e, t0));

@@ -1,4 +1,4 @@
-// npm run chaos -- --seconds N --seed S --mode standalone|sentinel|cluster --min-replicas N [--notifications namespace|per-key|mixed]
+// npm run chaos -- --seconds N --seed S --mode standalone|sentinel|cluster --min-replicas N [--notifications namespace|per-key|mixed] [--probe ioredis]
 //
 // A seeded, time-bounded chaos run (issue 16): throwaway servers, several client processes
 // each with one driver and several workers contending on a few keys through a fenced store
@@ -17,7 +17,7 @@ import { parseOptions, root } from '../lib.mjs';
 import { startProxy } from '../../__test__/helpers/proxy.mjs';
 import { encode, parseReply } from '../../__test__/helpers/redis.mjs';
 import { admin, MASTER, startRedisCluster, startSentinelCluster, startStandalone } from './cluster.mjs';
-import { check, excerpt, formatEvent, formatSignal, INVARIANTS } from './checker.mjs';
+import { check, excerpt, formatEvent, formatGaps, formatSignal, INVARIANTS } from './checker.mjs';
 import { createNemesis } from './nemesis.mjs';
 import { now, rng } from './prng.mjs';
 
@@ -29,6 +29,8 @@ const usage = () => {
        [--notifications namespace|per-key|mixed] (mixed: even processes namespace, odd ones per-key)
        [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4]
        [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
+       [--probe ioredis] (sentinel only: a plain ioredis client writes every 50 ms beside the drivers;
+       the summary's \`gaps\` sets its longest gaps without a write beside the drivers' without a lease)
 A mutant needs its build first: npm run build:chaos-mutants`);
   process.exit(0);
 };
@@ -45,6 +47,7 @@ const o = parseOptions(process.argv.slice(2), {
   'wait-ms': { type: 'string', default: '2000' },
   'quiet-seconds': { type: 'string', default: '4' },
   mutant: { type: 'string' },
+  probe: { type: 'string' },
   out: { type: 'string' },
   history: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
@@ -58,13 +61,15 @@ const int = (name, min) => {
 if (!['standalone', 'sentinel', 'cluster'].includes(o.mode)) throw new Error('--mode must be standalone, sentinel or cluster');
 if (!['namespace', 'per-key', 'mixed'].includes(o.notifications)) throw new Error('--notifications must be namespace, per-key or mixed');
 if (o.mutant !== undefined && !MUTANTS.includes(o.mutant)) throw new Error(`--mutant must be one of ${MUTANTS.join(', ')}`);
+if (o.probe !== undefined && o.probe !== 'ioredis') throw new Error('--probe must be ioredis');
+if (o.probe !== undefined && o.mode !== 'sentinel') throw new Error('--probe ioredis needs --mode sentinel');
 if (o.mutant && !existsSync(MUTANT_BUILD)) throw new Error('--mutant needs the mutant build: npm run build:chaos-mutants');
 const mode = o.mode;
 const seed = o.seed === undefined ? Math.floor(Math.random() * 2 ** 31) : int('seed', 0);
 const minReplicas = o['min-replicas'] === undefined ? (mode === 'sentinel' ? 1 : 0) : int('min-replicas', 0);
 if (mode === 'standalone' && minReplicas > 0) throw new Error('--min-replicas needs --mode sentinel (a standalone server has no replicas)');
 const run = {
-  mode, seed, minReplicas, mutant: o.mutant ?? null, notifications: o.notifications,
+  mode, seed, minReplicas, mutant: o.mutant ?? null, notifications: o.notifications, probe: o.probe ?? null,
   seconds: int('seconds', 1), quietSeconds: int('quiet-seconds', 2),
   procs: int('procs', 2), workers: int('workers', 1), keys: int('keys', 1),
   leaseMs: int('lease-ms', 1), waitTimeoutMs: int('wait-ms', 0),
@@ -93,6 +98,8 @@ const r = rng(seed, 0);
 const history = [];
 const record = (ev) => history.push(ev);
 const t0 = now();
+// The run's origin: the summary's gap times (checker `gaps`) count from here, as the printout does.
+record({ k: 'run-start', at: t0 });
 const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFixed(1)}s] ${msg}\n`);
 
 // ------------------------------------------------------------------ servers ----
@@ -213,6 +220,50 @@ function spawnClient(p) {
 }
 for (let p = 0; p < run.procs; p++) spawnClient(p);
 
+// ------------------------------------------------------------------- probe ----
+// `--probe ioredis`: a plain ioredis Sentinel client (probe.mjs) through the same Sentinel
+// proxies, writing every 50 ms; its `probe` events are not judged, only set beside the
+// drivers' gaps. Not a nemesis target: it is the witness of what the servers allowed.
+let probe = null;
+if (run.probe) {
+  const order = rng(seed, 900).shuffle(proxies.map((x) => ({ host: '127.0.0.1', port: x.port })));
+  const cfg = {
+    sentinels: order, name: MASTER, prefix: `${namespace}-probe`, minReplicas: run.minReplicas, replicaTimeoutMs: run.replicaTimeoutMs,
+    connectTimeoutMs: run.connectTimeoutMs, commandTimeoutMs: run.commandTimeoutMs,
+  };
+  const child = fork(path.join(import.meta.dirname, 'probe.mjs'), [], {
+    env: { ...childEnv, CHAOS_PROBE: JSON.stringify(cfg) }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  });
+  child.on('message', (msg) => { if (msg.t === 'ev') record(msg.ev); });
+  child.on('error', () => {});
+  probe = { child, exited: new Promise((resolve) => child.once('exit', (code, signal) => { record({ k: 'probe', ev: 'exit', at: now(), code, signal }); resolve(); })) };
+  // And what the cluster said, from here (not through the proxies), every 250 ms, recorded
+  // when it changed: the node each Sentinel names, and each data node's ROLE. A gap the probe
+  // shares then shows whether the Sentinels named nobody, disagreed, or named a non-master.
+  const roleOf = async (n) => {
+    try {
+      const role = await admin(n.port, ['ROLE'], 200);
+      return role[0] === 'master' ? 'master' : `${role[0]}→${role[2]} ${role[3]}`;
+    } catch (err) {
+      return err?.code === 'ECONNREFUSED' ? 'down' : 'no answer';
+    }
+  };
+  const namedBy = async (x) => {
+    try { return String((await admin(x.port, ['SENTINEL', 'GET-MASTER-ADDR-BY-NAME', MASTER], 200))[1]); } catch { return '?'; }
+  };
+  let lastView = null;
+  probe.viewing = (async () => {
+    while (!probe.stopViewing) {
+      const at = now();
+      const [named, roles] = await Promise.all([Promise.all(cluster.sentinels.map(namedBy)), Promise.all(cluster.nodes.map(roleOf))]);
+      const view = `named ${named.join(',')}; ${cluster.nodes.map((n, i) => `${n.port} ${roles[i]}`).join(', ')}`;
+      if (view !== lastView) record({ k: 'probe', ev: 'view', at, view });
+      lastView = view;
+      await sleep(Math.max(0, at + 250 - now()));
+    }
+  })();
+}
+
 const nemesis = createNemesis({
   cluster, proxies, record, r, keySlots, seedNode: seedNodes[0] ?? null,
   clients: {
@@ -248,13 +299,21 @@ await sleep(run.quietSeconds * 1000);
 
 log('stopping the clients');
 const stopBy = run.waitTimeoutMs + run.commandTimeoutMs * 2 + run.replicaTimeoutMs + 10_000;
-await Promise.all(clients.map(async (c, p) => {
+await Promise.all([...clients.map(async (c, p) => {
   if (!c.child) return;
   c.child.send({ t: 'stop' });
   const t = setTimeout(() => { c.forced = c.inc; c.child?.kill('SIGKILL'); }, stopBy);
   await c.exited;
   clearTimeout(t);
-}));
+}), (async () => {
+  if (!probe) return;
+  probe.stopViewing = true;
+  await probe.viewing;
+  if (probe.child.connected) probe.child.send({ t: 'stop' });
+  const t = setTimeout(() => probe.child.kill('SIGKILL'), 10_000);
+  await probe.exited;
+  clearTimeout(t);
+})()]);
 let left = null;
 try {
   const holders = mode === 'cluster' ? (await cluster.masters()).map((m) => m.node) : [await cluster.primary()];
@@ -287,8 +346,9 @@ log(`wall clock vs monotonic: up to ${(fastest * 1000).toFixed(2)} ms/s fast, ${
 const verdict = check(history, run);
 const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
 const summary = {
-  command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`,
-  seed, mode, minReplicas, notifications: run.notifications, mutant: run.mutant, seconds: run.seconds,
+  // The files' names only: a summary is committed, and no path of this machine may be in it.
+  command: `npm run chaos -- ${process.argv.slice(2).map((x, i, all) => (['--out', '--history'].includes(all[i - 1]) ? path.basename(x) : x)).join(' ')}`,
+  seed, mode, minReplicas, notifications: run.notifications, mutant: run.mutant, probe: run.probe ?? undefined, seconds: run.seconds,
   keySlots: mode === 'cluster' ? Object.fromEntries(keySlots) : undefined,
   setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs, clockDriftMs: run.clockDriftMs },
   result: verdict.ok ? 'pass' : 'fail',
@@ -303,6 +363,7 @@ if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_,
 
 console.log(JSON.stringify(summary, null, 2));
 console.log(`\n${formatSignal(verdict.stats.signal).join('\n')}`);
+console.log(`\n${formatGaps(verdict.stats.gaps).join('\n')}`);
 if (!verdict.ok) {
   const shown = new Map();
   console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}, notifications ${run.notifications}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
@@ -313,7 +374,7 @@ if (!verdict.ok) {
     console.log(`\n✗ ${v.invariant}: ${v.detail}`);
     for (const e of excerpt(verdict.events, v.around)) console.log(formatEvent(e, t0));
   }
-  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.notifications !== 'namespace' ? ` --notifications ${run.notifications}` : ''}${run.mutant ? ` --mutant ${run.mutant}` : ''}`);
+  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.notifications !== 'namespace' ? ` --notifications ${run.notifications}` : ''}${run.mutant ? ` --mutant ${run.mutant}` : ''}${run.probe ? ` --probe ${run.probe}` : ''}`);
   process.exitCode = 1;
 } else {
   console.log(`\nPASSED: seed ${seed}, every invariant held.`);
