@@ -106,6 +106,46 @@ async fn a_renew_extends_and_a_stolen_lease_is_lost() {
     d.shutdown().await.unwrap();
 }
 
+/// A lease's watcher (what wakes its JS signal) that records, when told, how many
+/// LEASE_LOST errors `stats()` counts at that moment.
+fn lost_counted_when_told(
+    d: &dokebi_lock_redis::Driver,
+    lease: &dokebi_lock_redis::Lease,
+) -> std::sync::Arc<std::sync::Mutex<Option<u64>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (d, record) = (d.clone(), seen.clone());
+    let watcher: dokebi_lock_redis::Watcher = std::sync::Arc::new(move |_| {
+        let errors = d.stats().errors;
+        let lost = errors.iter().find(|(code, _)| *code == LockErrorCode::LeaseLost).unwrap().1;
+        *record.lock().unwrap() = Some(lost);
+    });
+    assert!(lease.watch(watcher).is_none());
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_ends_a_lease_is_counted_in_stats_before_its_signal_is_told() {
+    // A listener on the signal that reads stats() finds the failure there (seen once in
+    // CI: the keep-alive counted it only after the lease had ended).
+    let redis = RedisServer::start();
+    let d = driver(url(redis.url()), "counted", &[("leaseMs", 1_000.0)]);
+
+    let lease = d.acquire("renewed", Some(0), CancellationToken::new()).await.unwrap();
+    let seen = lost_counted_when_told(&d, &lease);
+    redis.command(&["DEL", &format!("counted:lock:{{{}}}", hash("renewed"))]);
+    assert_eq!(d.renew(&lease).await.unwrap_err().code, LockErrorCode::LeaseLost);
+    assert_eq!(*seen.lock().unwrap(), Some(1), "renew(): counted when the watcher was told");
+
+    let lease = d.acquire("kept", Some(0), CancellationToken::new()).await.unwrap();
+    let seen = lost_counted_when_told(&d, &lease);
+    let options = dokebi_lock_redis::KeepAlive { max_hold_ms: 60_000, every_ms: 20 };
+    tokio::spawn(d.keep_alive(&lease, options).unwrap());
+    redis.command(&["DEL", &format!("counted:lock:{{{}}}", hash("kept"))]);
+    eventually("the keep-alive to end the lease", Duration::from_secs(5), || !lease.valid()).await;
+    assert_eq!(*seen.lock().unwrap(), Some(2), "keepAlive: counted when the watcher was told");
+    d.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_confirmed_after_cancellation_is_released_by_token() {
     let redis = RedisServer::start();

@@ -82,7 +82,6 @@ impl Driver {
                 // Not raced against `stop`: a renewal on the wire keeps its outcome, and
                 // shutdown waits for it (it is one of the driver's tasks).
                 if let Err(err) = this.renew_valid(&lease).await {
-                    this.inner.counters.error(err.code);
                     // The first failed renewal ends the lease: a PROVIDER_FAILED one too,
                     // which leaves Redis's key as it was (decision 0152).
                     lease.invalidate(err);

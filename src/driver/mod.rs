@@ -326,12 +326,25 @@ impl Driver {
             if !valid {
                 return this.counted(Err(no_longer_valid()));
             }
-            let renewed = this.renew_valid(&lease).await;
-            this.counted(renewed)
+            // Counted inside, before the lease ends with it.
+            this.renew_valid(&lease).await
         }
     }
 
+    /// A renew of a lease that was valid when called. A failure is counted for `stats()`
+    /// before it ends the lease, so a listener on the lease's signal that reads `stats()`
+    /// finds it counted.
     async fn renew_valid(&self, lease: &Arc<Lease>) -> Result<(), LockError> {
+        self.try_renew(lease).await.map_err(|failed| {
+            self.inner.counters.error(failed.err.code);
+            if failed.ends_lease {
+                lease.invalidate(failed.err.clone());
+            }
+            failed.err
+        })
+    }
+
+    async fn try_renew(&self, lease: &Arc<Lease>) -> Result<(), RenewFailed> {
         let call = ScriptCall {
             script: &scripts::RENEW,
             keys: vec![lease.keys.lock.clone()],
@@ -341,12 +354,13 @@ impl Driver {
             Ok(reply) => reply,
             Err(failure) => {
                 let surely_not_applied = failure.surely_not_applied();
-                let err = LockError::from_redis(failure);
                 if !surely_not_applied {
-                    lease.invalidate(err.clone());
                     lease.may_have_written(Instant::now());
                 }
-                return Err(err);
+                return Err(RenewFailed {
+                    err: LockError::from_redis(failure),
+                    ends_lease: !surely_not_applied,
+                });
             }
         };
         let answered = Instant::now();
@@ -358,7 +372,7 @@ impl Driver {
             if let Err(failure) = self.inner.replicas.confirm(&self.inner.link, &conn, claim).await
             {
                 lease.may_have_written(answered);
-                return Err(LockError::from_redis(failure));
+                return Err(RenewFailed::keeping_lease(LockError::from_redis(failure)));
             }
         }
         match scripts::parse_flag(&value) {
@@ -367,29 +381,40 @@ impl Driver {
                     lease.wrote_in(conn.epoch());
                     Ok(())
                 }
-                Err(NotExtended::Released) => Err(LockError::new(
+                Err(NotExtended::Released) => Err(RenewFailed::keeping_lease(LockError::new(
                     LockErrorCode::LeaseExpired,
                     "the lease was released while the renew was in flight",
-                )),
-                Err(NotExtended::Expired) => Err(LockError::new(
+                ))),
+                Err(NotExtended::Expired) => Err(RenewFailed::keeping_lease(LockError::new(
                     LockErrorCode::LeaseExpired,
                     "the renew was confirmed after the lease expired",
-                )),
+                ))),
             },
-            Some(false) => {
-                let err = LockError::new(
+            Some(false) => Err(RenewFailed {
+                err: LockError::new(
                     LockErrorCode::LeaseLost,
                     "the lock is no longer held by this lease",
-                );
-                lease.invalidate(err.clone());
-                Err(err)
-            }
-            None => {
-                let err = LockError::from_redis(RedisFailure::unexpected_reply());
-                lease.invalidate(err.clone());
-                Err(err)
-            }
+                ),
+                ends_lease: true,
+            }),
+            None => Err(RenewFailed {
+                err: LockError::from_redis(RedisFailure::unexpected_reply()),
+                ends_lease: true,
+            }),
         }
+    }
+}
+
+/// How a renew failed: its error, and whether that error ends the lease (an unknown outcome,
+/// the key no longer ours, a reply not understood) or leaves it as it was.
+struct RenewFailed {
+    err: LockError,
+    ends_lease: bool,
+}
+
+impl RenewFailed {
+    fn keeping_lease(err: LockError) -> Self {
+        RenewFailed { err, ends_lease: false }
     }
 }
 
