@@ -2,11 +2,13 @@
 // and where it goes.
 //
 //   node benchmarks/cluster-cost.bench.mjs [--seconds 5] [--reps 3] [--inflight 64] [--notifications namespace|per-key]
-//     [--out DIR] [--tag NAME]
+//     [--client driver|redis-semaphore] [--out DIR] [--tag NAME]
 //
 // One driver (its own process, benchmarks/fanout.worker.mjs, `--notifications` mode, no
 // subscribers) runs acquire+release pairs over distinct keys on three deployments: a plain
-// standalone server, a 1-master Cluster (every slot on one node) and a 3-master Cluster.
+// standalone server, a 1-master Cluster (every slot on one node) and a 3-master Cluster; and
+// on the same 3-master Cluster with only keys of its first master (cluster-3-one-shard), to
+// tell what three masters cost from what spreading the load over three busy processes costs.
 // Each repetition measures, per deployment, an IDLE window (the driver connected, sending
 // nothing) and then a BUSY window of the same length, and per node: redis-server CPU
 // (utime+stime from /proc), the commands Redis ran (INFO commandstats), the bytes it read
@@ -14,6 +16,10 @@
 // per pair summed over the nodes, the same less what the same nodes burn idle over the
 // window (cluster cron and bus, the client's pings), and commands, bytes and bus messages
 // per pair. Writes benchmarks/results/<date>-cluster-cost.json and .md.
+//
+// `--client redis-semaphore` runs the same pairs with a peer library instead (a Mutex's
+// acquire and release on one ioredis client, `new Cluster([url's node])` on a Cluster): the
+// baseline for what splitting the same load over three masters costs any client.
 
 import { readFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -22,7 +28,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   childProcesses, commandStats, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo,
-  parseOptions, processBusy, root, round, runMain, targetsSection,
+  parseOptions, pkgVersion, processBusy, root, round, runMain, targetsSection,
   runStart,
 } from './lib.mjs';
 import { startClusterNodes, startWorker } from './fleet.mjs';
@@ -36,10 +42,12 @@ function parseArgs(argv) {
     reps: { type: 'string', default: '3' },
     inflight: { type: 'string', default: '64' },
     notifications: { type: 'string', default: 'namespace' },
+    client: { type: 'string', default: 'driver' },
     out: { type: 'string', default: path.join(here, 'results') },
     tag: { type: 'string' },
-  }, { help: () => console.log('node benchmarks/cluster-cost.bench.mjs [--seconds 5] [--reps 3] [--inflight 64] [--notifications namespace|per-key] [--out DIR] [--tag NAME]') });
-  const opts = { seconds: Number(v.seconds), reps: Number(v.reps), inflight: Number(v.inflight), out: v.out, tag: v.tag, notifications: v.notifications };
+  }, { help: () => console.log('node benchmarks/cluster-cost.bench.mjs [--seconds 5] [--reps 3] [--inflight 64] [--notifications namespace|per-key] [--client driver|redis-semaphore] [--out DIR] [--tag NAME]') });
+  const opts = { seconds: Number(v.seconds), reps: Number(v.reps), inflight: Number(v.inflight), out: v.out, tag: v.tag, notifications: v.notifications, client: v.client };
+  if (!['driver', 'redis-semaphore'].includes(opts.client)) throw new Error('--client must be driver or redis-semaphore');
   if (!['namespace', 'per-key'].includes(opts.notifications)) throw new Error('--notifications must be namespace or per-key');
   if (!(opts.seconds > 0)) throw new Error('--seconds must be > 0');
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
@@ -57,13 +65,35 @@ async function deployment(kind) {
   return { kind, cluster: true, servers };
 }
 
+/** The slots the first node of a Cluster serves, as [first, last] (one range: redis-cli's split). */
+async function firstNodeSlots(servers) {
+  const id = String(await servers[0].command('CLUSTER', 'MYID'));
+  const ranges = (await servers[0].command('CLUSTER', 'SLOTS')).filter((r) => String(r[2][2]) === id);
+  if (ranges.length !== 1) throw new Error(`the first node serves ${ranges.length} slot ranges, not one`);
+  return [Number(ranges[0][0]), Number(ranges[0][1])];
+}
+
+/** A process's kernel-mode CPU seconds and the times it was preempted (/proc). */
+function kernelSide(pid) {
+  try {
+    const stime = Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')[12]) / 100; // USER_HZ ticks
+    const preempted = Number(/^nonvoluntary_ctxt_switches:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0);
+    return { stime, preempted };
+  } catch {
+    return { stime: 0, preempted: 0 };
+  }
+}
+
 /** Counters of one node now: CPU seconds, commands by name, bytes in and out, bus messages. */
 async function counters(server) {
   const stats = parseInfo(await server.command('INFO', 'stats'));
   const bus = server.cluster ? parseInfo(await server.command('CLUSTER', 'INFO')) : {};
+  const commandstats = await server.command('INFO', 'commandstats');
+  const { stime, preempted } = kernelSide(server.pid);
   return {
     cpu: processBusy([server.pid]),
-    commands: commandStats(await server.command('INFO', 'commandstats')),
+    stime, preempted,
+    commands: commandStats(commandstats),
     bytesIn: Number(stats.total_net_input_bytes),
     bytesOut: Number(stats.total_net_output_bytes),
     // Socket reads and writes: how many commands Redis gets per wake-up (its batching).
@@ -85,6 +115,7 @@ function delta(after, before) {
   for (const name of Object.keys(commands)) if (commands[name] <= 0) delete commands[name];
   return {
     cpu: after.cpu - before.cpu, commands,
+    stime: after.stime - before.stime, preempted: after.preempted - before.preempted,
     bytesIn: after.bytesIn - before.bytesIn, bytesOut: after.bytesOut - before.bytesOut,
     reads: after.reads - before.reads, writes: after.writes - before.writes,
     busMessages: after.busMessages - before.busMessages,
@@ -126,29 +157,35 @@ async function measure(d, driver, opts, tag) {
     bytesOutPerPair: round(sum(busy.nodes.map((n) => n.bytesOut)) / pairs, 1),
     socketReadsPerPair: round(sum(busy.nodes.map((n) => n.reads)) / pairs, 3),
     socketWritesPerPair: round(sum(busy.nodes.map((n) => n.writes)) / pairs, 3),
+    kernelCpuUsPerPair: round((sum(busy.nodes.map((n) => n.stime)) * 1e6) / pairs, 2),
+    preemptionsPerThousandPairs: round((sum(busy.nodes.map((n) => n.preempted)) * 1000) / pairs, 2),
     busMessagesPerSecondIdle: round(sum(idle.nodes.map((n) => n.busMessages)) / idle.seconds, 1),
     busMessagesPerSecondBusy: round(sum(busy.nodes.map((n) => n.busMessages)) / busy.seconds, 1),
     driverCpuUsPerPair: round(busy.result.cpuUs / pairs, 2),
   };
 }
 
-const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle', 'idleRedisCpuUsPerSecond', 'bytesInPerPair', 'bytesOutPerPair', 'socketReadsPerPair', 'socketWritesPerPair', 'busMessagesPerSecondIdle', 'busMessagesPerSecondBusy', 'driverCpuUsPerPair'];
+const METRICS = ['pairsPerSec', 'redisCpuUsPerPair', 'redisCpuUsPerPairLessIdle', 'idleRedisCpuUsPerSecond', 'bytesInPerPair', 'bytesOutPerPair', 'socketReadsPerPair', 'socketWritesPerPair', 'kernelCpuUsPerPair', 'preemptionsPerThousandPairs', 'busMessagesPerSecondIdle', 'busMessagesPerSecondBusy', 'driverCpuUsPerPair'];
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
   const { startedAt, date, commandLine, addon, loadBefore } = runStart(import.meta.url);
 
-  const kinds = ['standalone', 'cluster-1', 'cluster-3'];
+  // cluster-3-one-shard: the same 3-master Cluster as cluster-3, every key on its first
+  // master: one busy node, as in cluster-1, with the others idle beside it.
+  const kinds = ['standalone', 'cluster-1', 'cluster-3', 'cluster-3-one-shard'];
   const deployments = {};
   const drivers = {};
   const reps = Object.fromEntries(kinds.map((k) => [k, []]));
   try {
     for (const kind of kinds) {
-      deployments[kind] = await deployment(kind);
+      const shared = kind === 'cluster-3-one-shard';
+      deployments[kind] = shared ? deployments['cluster-3'] : await deployment(kind);
       for (const s of deployments[kind].servers) s.cluster = deployments[kind].cluster;
       drivers[kind] = await startWorker(children, path.join(here, 'fanout.worker.mjs'), {
-        role: 'driver', url: deployments[kind].servers[0].url, cluster: deployments[kind].cluster, namespace: NAMESPACE, inflight: opts.inflight, packageDir,
+        role: 'driver', url: deployments[kind].servers[0].url, cluster: deployments[kind].cluster, namespace: NAMESPACE, inflight: opts.inflight, packageDir, client: opts.client,
         notifications: opts.notifications === 'namespace' ? undefined : opts.notifications,
+        slots: shared ? await firstNodeSlots(deployments[kind].servers) : undefined,
       });
     }
     // Interleaved, so a change in what else the machine runs falls on every deployment.
@@ -161,7 +198,7 @@ async function main() {
     }
   } finally {
     for (const d of Object.values(drivers)) await d.close();
-    for (const d of Object.values(deployments)) for (const s of d.servers) await s.stop();
+    for (const d of new Set(Object.values(deployments))) for (const s of d.servers) await s.stop();
   }
 
   const results = {};
@@ -183,13 +220,19 @@ async function main() {
     benchmark: 'cluster-cost', date, startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(), command: commandLine,
     machine: { ...machineInfo(), loadAverageBefore: loadBefore.map((x) => round(x, 2)), loadAverageAfter: os.loadavg().map((x) => round(x, 2)) },
     node: process.version, redisServer: commandVersion('redis-server'), addon, git: gitInfo(),
-    packages: { '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version },
+    packages: {
+      '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version,
+      ...(opts.client === 'redis-semaphore' ? { ioredis: pkgVersion('ioredis'), 'redis-semaphore': pkgVersion('redis-semaphore') } : {}),
+    },
     setup: {
-      seconds: opts.seconds, reps: opts.reps, inflight: opts.inflight, namespace: NAMESPACE, notifications: opts.notifications,
+      seconds: opts.seconds, reps: opts.reps, inflight: opts.inflight, namespace: NAMESPACE, client: opts.client,
+      notifications: opts.client === 'driver' ? opts.notifications : undefined,
       definitions: {
         redisCpuUsPerPair: 'redis-server utime+stime (/proc/<pid>/stat, 10 ms ticks) over the busy window, summed over the nodes, / pairs completed',
         redisCpuUsPerPairLessIdle: 'the same less the nodes\' CPU per second in the idle window just before (driver connected, sending nothing) times the busy window\'s length',
         commandsPerPair: 'INFO commandstats calls over the busy window, summed over the nodes, / pairs (the benchmark\'s own INFO and CLUSTER INFO taken out)',
+        kernelCpuUsPerPair: 'redis-server stime over the busy window (/proc/<pid>/stat), summed over the nodes, / pairs: the system calls\' share of the CPU per pair',
+        preemptionsPerThousandPairs: 'nonvoluntary_ctxt_switches of the redis-servers (/proc/<pid>/status) over the busy window, per 1000 pairs: how often another process took the core from a busy node',
         socketReadsPerPair: 'INFO stats total_reads_processed over the busy window, summed over the nodes, / pairs: fewer commands per read means less batching per wake-up (the same for writes)',
         busMessages: 'CLUSTER INFO cluster_stats_messages_sent + _received, summed over the nodes, per second',
       },
@@ -203,7 +246,7 @@ async function main() {
   const commandNames = [...new Set(kinds.flatMap((kind) => Object.keys(results[kind].reps.at(-1).commandsPerPair)))].sort();
   const md = [
     `# What a Cluster costs Redis per pair, ${date}`, '',
-    `\`${commandLine}\` — one driver, acquire+release pairs over distinct keys, ${opts.inflight} in flight, notifications '${opts.notifications}' and no subscriber; per repetition an idle window, then a busy one, ${opts.seconds} s each, × ${opts.reps} reps (medians).`,
+    `\`${commandLine}\` — ${opts.client === 'driver' ? `one driver, notifications '${opts.notifications}' and no subscriber` : 'redis-semaphore Mutex on one ioredis client (the peer baseline)'}, acquire+release pairs over distinct keys, ${opts.inflight} in flight; per repetition an idle window, then a busy one, ${opts.seconds} s each, × ${opts.reps} reps (medians).`,
     `Machine: ${out.machine.cpu} × ${out.machine.cores}; Node ${process.version}; ${out.redisServer}; addon ${addon.build} ${addon.sha256}, git ${out.git.head?.slice(0, 7)}${out.git.dirty?.length ? ' + uncommitted changes' : ''}.`,
     '', `| | ${kinds.join(' | ')} |`, `|---|${kinds.map(() => '---:').join('|')}|`,
     row('pairs/s', 'pairsPerSec'),
@@ -214,6 +257,8 @@ async function main() {
     row('bytes Redis wrote per pair', 'bytesOutPerPair'),
     row('socket reads per pair (summed over the nodes)', 'socketReadsPerPair'),
     row('socket writes per pair (summed over the nodes)', 'socketWritesPerPair'),
+    row('kernel CPU per pair, µs', 'kernelCpuUsPerPair'),
+    row('redis-server preemptions per 1000 pairs', 'preemptionsPerThousandPairs'),
     row('cluster bus messages per second, idle', 'busMessagesPerSecondIdle'),
     row('cluster bus messages per second, busy', 'busMessagesPerSecondBusy'),
     row('driver process CPU per pair, µs', 'driverCpuUsPerPair'),

@@ -12,6 +12,7 @@
 // Protocol (IPC): parent → {type:'init', role, ...}; worker → {type:'ready'}; then the
 // role's messages; parent → {type:'close'} ends the worker.
 
+import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import net from 'node:net';
 
@@ -20,17 +21,66 @@ import { encode } from '../__test__/helpers/redis.mjs';
 const require = createRequire(import.meta.url);
 const now = () => performance.now();
 
-async function driverRole(init) {
+// The pairs' client: this driver, or (`client: 'redis-semaphore'`, cluster-cost.bench.mjs's
+// baseline) a peer library's Mutex on one ioredis client, a Cluster client with `cluster`.
+async function pairClient(init) {
+  if (init.client === 'redis-semaphore') {
+    const { default: Redis, Cluster } = await import('ioredis');
+    const { Mutex } = await import('redis-semaphore');
+    const { hostname, port } = new URL(init.url);
+    const client = init.cluster
+      ? new Cluster([{ host: hostname, port: Number(port) }], { lazyConnect: true })
+      : new Redis(init.url, { lazyConnect: true });
+    client.on('error', () => {});
+    await client.connect();
+    return {
+      // refreshInterval 0: no refresh timer, as the driver's pairs renew nothing.
+      pair: async (key) => {
+        const m = new Mutex(client, `${init.namespace}:${key}`, { lockTimeout: 10_000, acquireTimeout: 1000, refreshInterval: 0 });
+        await m.acquire();
+        await m.release();
+      },
+      close: () => client.disconnect(),
+    };
+  }
   const { createRedisLockDriver } = require(init.packageDir ? `${init.packageDir}/index.js` : '../index.js');
   const connection = init.cluster ? { url: init.url, cluster: true } : init.url;
   const options = { driver: 'redis', connection: 'bench', namespace: init.namespace, leaseMs: 10_000, waitTimeoutMs: 0 };
   if (init.notifications) options.notifications = init.notifications;
   const driver = createRedisLockDriver(connection, options);
-  let n = 0;
-  const pair = async (prefix) => {
-    const lease = await driver.acquire(`${prefix}:${n++}`);
-    await lease.release();
+  return {
+    pair: async (key) => {
+      const lease = await driver.acquire(key);
+      await lease.release();
+    },
+    close: () => driver.shutdown().catch(() => {}),
   };
+}
+
+// With `slots: [first, last]`, only keys whose Redis key lands in those slots (one master's
+// share of a Cluster): the driver's lock key is tagged with the SHA-256 hex of the key
+// (README, key layout), the peer's Mutex key is the key itself.
+function slotFilter(init) {
+  if (!init.slots) return () => true;
+  const [first, last] = init.slots;
+  const slotOf = require('cluster-key-slot');
+  const tagOf = init.client === 'redis-semaphore'
+    ? (key) => `${init.namespace}:${key}`
+    : (key) => createHash('sha256').update(key).digest('hex');
+  return (key) => { const slot = slotOf(tagOf(key)); return slot >= first && slot <= last; };
+}
+
+async function driverRole(init) {
+  const client = await pairClient(init);
+  const inSlots = slotFilter(init);
+  let n = 0;
+  const nextKey = (prefix) => {
+    for (;;) {
+      const key = `${prefix}:${n++}`;
+      if (inSlots(key)) return key;
+    }
+  };
+  const pair = (prefix) => client.pair(nextKey(prefix));
   async function run(prefix, until, count) {
     let pairs = 0;
     const loop = async () => {
@@ -55,7 +105,7 @@ async function driverRole(init) {
         const cpu = process.cpuUsage(cpu0);
         process.send({ type: 'done', pairs, ms, cpuUs: cpu.user + cpu.system });
       } else if (m.type === 'close') {
-        await driver.shutdown().catch(() => {});
+        await client.close();
         process.exit(0);
       }
     } catch (err) {

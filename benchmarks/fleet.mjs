@@ -42,7 +42,9 @@ export async function startClusterNodes(masters) {
   const servers = [];
   try {
     for (let i = 0; i < masters; i++) {
-      servers.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '5000'] }));
+      // announce-ip: a lone node that never met another lists its own address as "" in CLUSTER
+      // SLOTS, which ioredis cannot follow (the --client redis-semaphore baseline).
+      servers.push(await startRedis({ args: ['--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '5000', '--cluster-announce-ip', '127.0.0.1'] }));
     }
     if (masters === 1) await servers[0].command('CLUSTER', 'ADDSLOTSRANGE', '0', '16383');
     else execFileSync('redis-cli', ['--cluster', 'create', ...servers.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
