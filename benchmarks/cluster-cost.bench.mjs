@@ -28,7 +28,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   childProcesses, commandStats, commandVersion, gitInfo, here, machineInfo, median, packageDir, parseInfo,
-  parseOptions, pkgVersion, processBusy, root, round, runMain, targetsSection,
+  parseOptions, pkgVersion, processBusy, processKernel, root, round, runMain, targetsSection,
   runStart,
 } from './lib.mjs';
 import { startClusterNodes, startWorker } from './fleet.mjs';
@@ -73,14 +73,12 @@ async function firstNodeSlots(servers) {
   return [Number(ranges[0][0]), Number(ranges[0][1])];
 }
 
-/** A process's kernel-mode CPU seconds and the times it was preempted (/proc). */
-function kernelSide(pid) {
+/** How often a process was preempted: another process took its core (/proc). */
+function preemptions(pid) {
   try {
-    const stime = Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')[12]) / 100; // USER_HZ ticks
-    const preempted = Number(/^nonvoluntary_ctxt_switches:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0);
-    return { stime, preempted };
+    return Number(/^nonvoluntary_ctxt_switches:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0);
   } catch {
-    return { stime: 0, preempted: 0 };
+    return 0;
   }
 }
 
@@ -88,12 +86,11 @@ function kernelSide(pid) {
 async function counters(server) {
   const stats = parseInfo(await server.command('INFO', 'stats'));
   const bus = server.cluster ? parseInfo(await server.command('CLUSTER', 'INFO')) : {};
-  const commandstats = await server.command('INFO', 'commandstats');
-  const { stime, preempted } = kernelSide(server.pid);
   return {
     cpu: processBusy([server.pid]),
-    stime, preempted,
-    commands: commandStats(commandstats),
+    stime: processKernel(server.pid),
+    preempted: preemptions(server.pid),
+    commands: commandStats(await server.command('INFO', 'commandstats')),
     bytesIn: Number(stats.total_net_input_bytes),
     bytesOut: Number(stats.total_net_output_bytes),
     // Socket reads and writes: how many commands Redis gets per wake-up (its batching).

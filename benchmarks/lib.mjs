@@ -205,16 +205,29 @@ export function machineBusy() {
   return { busy: (user + nice + system + irq + softirq) / TICK, steal: (steal ?? 0) / TICK };
 }
 
+// A /proc .../stat file's utime and stime, in seconds; null when the task is gone.
+function cpuTimes(file) {
+  try {
+    const f = readFileSync(file, 'utf8').split(') ')[1].split(' ');
+    return { user: Number(f[11]) / TICK, system: Number(f[12]) / TICK };
+  } catch {
+    return null;
+  }
+}
+
 export function processBusy(pids) {
   let s = 0;
   for (const pid of pids) {
     if (!pid) continue;
-    try {
-      const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-      s += (Number(f[11]) + Number(f[12])) / TICK; // utime, stime
-    } catch { /* gone */ }
+    const t = cpuTimes(`/proc/${pid}/stat`);
+    if (t) s += t.user + t.system;
   }
   return s;
+}
+
+/** A process's kernel-mode CPU seconds (its stime), 0 when it is gone. */
+export function processKernel(pid) {
+  return cpuTimes(`/proc/${pid}/stat`)?.system ?? 0;
 }
 
 /**
@@ -223,12 +236,8 @@ export function processBusy(pids) {
  * (libuv's pool, V8's helpers, the addon's tokio runtime). Null where /proc is missing.
  */
 export function jsThreadCpuUs() {
-  try {
-    const f = readFileSync(`/proc/self/task/${process.pid}/stat`, 'utf8').split(') ')[1].split(' ');
-    return ((Number(f[11]) + Number(f[12])) / TICK) * 1e6; // utime, stime
-  } catch {
-    return null;
-  }
+  const t = cpuTimes(`/proc/self/task/${process.pid}/stat`);
+  return t ? (t.user + t.system) * 1e6 : null;
 }
 
 /**
