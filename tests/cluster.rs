@@ -63,11 +63,7 @@ impl Cluster {
         assert!(out.status.success(), "cluster create: {}", String::from_utf8_lossy(&out.stdout));
         let cluster = Self { nodes };
         let end = Instant::now() + Duration::from_secs(10);
-        while !cluster
-            .nodes
-            .iter()
-            .all(|n| n.command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-        {
+        while !cluster.is_ok(&[]) {
             assert!(Instant::now() < end, "the cluster did not become ok");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -82,6 +78,13 @@ impl Cluster {
     /// The node serving `key`: the others answer -MOVED.
     fn owner(&self, key: &str) -> usize {
         self.try_owner(key, &[]).expect("some node serves the key")
+    }
+
+    /// Every node not in `dead` says the Cluster is whole (`cluster_state:ok`).
+    fn is_ok(&self, dead: &[usize]) -> bool {
+        (0..self.nodes.len())
+            .filter(|i| !dead.contains(i))
+            .all(|i| self.nodes[i].command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
     }
 
     /// The node serving `key` among those not in `dead`.
@@ -625,18 +628,13 @@ async fn per_key_waiters_subscribe_again_at_the_new_master_after_a_failover() {
     // wait; then a new waiter takes its place once commands reach the new master and every
     // node agrees the Cluster is whole. Without the latter, a node still in `fail` answered
     // the new waiter's first attempt CLUSTERDOWN (reproduced under load on valkey-8.0,
-    // 4 runs in ~300): a failure it rides out by polling at pollIntervalMs, 20 s here,
+    // 4 runs in 222): a failure it rides out by polling at pollIntervalMs, 20 s here,
     // before it ever hears "busy" and subscribes.
     let waiter = if waiter.is_finished() {
-        let end = Instant::now() + Duration::from_secs(10);
-        let live = (0..cluster.nodes.len()).filter(|&i| i != master).collect::<Vec<_>>();
-        while !live
-            .iter()
-            .all(|&i| cluster.nodes[i].command(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-        {
-            assert!(Instant::now() < end, "the Cluster did not become ok on every live node");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let within = Duration::from_secs(10);
+        let end = Instant::now() + within;
+        eventually("cluster_state:ok on every live node", within, || cluster.is_ok(&[master]))
+            .await;
         while d.acquire(&key, Some(0), CancellationToken::new()).await.map(|_| ()).unwrap_err().code
             != dokebi_lock_redis::LockErrorCode::LockBusy
         {
