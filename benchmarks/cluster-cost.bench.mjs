@@ -8,7 +8,9 @@
 // subscribers) runs acquire+release pairs over distinct keys on three deployments: a plain
 // standalone server, a 1-master Cluster (every slot on one node) and a 3-master Cluster; and
 // on the same 3-master Cluster with only keys of its first master (cluster-3-one-shard), to
-// tell what three masters cost from what spreading the load over three busy processes costs.
+// tell what three masters cost from what spreading the load over three busy processes costs;
+// and on three standalone servers with a driver each (standalone-3, `--client driver` only),
+// the same spread with no Cluster.
 // Each repetition measures, per deployment, an IDLE window (the driver connected, sending
 // nothing) and then a BUSY window of the same length, and per node: redis-server CPU
 // (utime+stime from /proc), the commands Redis ran (INFO commandstats), the bytes it read
@@ -56,10 +58,11 @@ function parseArgs(argv) {
 }
 
 async function deployment(kind) {
-  if (kind === 'standalone') {
+  if (kind === 'standalone' || kind === 'standalone-3') {
     const { startRedis } = await import('../__test__/helpers/redis.mjs');
-    const server = await startRedis();
-    return { kind, cluster: false, servers: [server] };
+    const servers = [];
+    for (let i = kind === 'standalone' ? 1 : 3; i > 0; i--) servers.push(await startRedis());
+    return { kind, cluster: false, servers };
   }
   const servers = await startClusterNodes(kind === 'cluster-1' ? 1 : 3);
   return { kind, cluster: true, servers };
@@ -170,7 +173,9 @@ async function main() {
 
   // cluster-3-one-shard: the same 3-master Cluster as cluster-3, every key on its first
   // master: one busy node, as in cluster-1, with the others idle beside it.
-  const kinds = ['standalone', 'cluster-1', 'cluster-3', 'cluster-3-one-shard'];
+  // standalone-3: three standalone servers, one driver each in the same process, the pairs
+  // dealt out in turn: the same load spread over three busy servers with no Cluster at all.
+  const kinds = ['standalone', ...(opts.client === 'driver' ? ['standalone-3'] : []), 'cluster-1', 'cluster-3', 'cluster-3-one-shard'];
   const deployments = {};
   const drivers = {};
   const reps = Object.fromEntries(kinds.map((k) => [k, []]));
@@ -180,7 +185,8 @@ async function main() {
       deployments[kind] = shared ? deployments['cluster-3'] : await deployment(kind);
       for (const s of deployments[kind].servers) s.cluster = deployments[kind].cluster;
       drivers[kind] = await startWorker(children, path.join(here, 'fanout.worker.mjs'), {
-        role: 'driver', url: deployments[kind].servers[0].url, cluster: deployments[kind].cluster, namespace: NAMESPACE, inflight: opts.inflight, packageDir, client: opts.client,
+        role: 'driver', url: deployments[kind].servers[0].url,
+        urls: kind === 'standalone-3' ? deployments[kind].servers.map((s) => s.url) : undefined, cluster: deployments[kind].cluster, namespace: NAMESPACE, inflight: opts.inflight, packageDir, client: opts.client,
         notifications: opts.notifications === 'namespace' ? undefined : opts.notifications,
         slots: shared ? await firstNodeSlots(deployments[kind].servers) : undefined,
       });
@@ -212,6 +218,13 @@ async function main() {
     result: ratio <= 1.2 ? 'PASS' : 'FAIL',
     detail: `${m('cluster-3', 'redisCpuUsPerPair')} vs ${m('cluster-1', 'redisCpuUsPerPair')} µs: ${round(ratio, 3)}x; less what the same nodes burn idle: ${m('cluster-3', 'redisCpuUsPerPairLessIdle')} vs ${m('cluster-1', 'redisCpuUsPerPairLessIdle')} µs, ${round(ratioLessIdle, 3)}x`,
   }];
+  const spread = () => m('cluster-3', 'redisCpuUsPerPair') / m('standalone-3', 'redisCpuUsPerPair');
+  const spreadAlone = () => m('standalone-3', 'redisCpuUsPerPair') / m('standalone', 'redisCpuUsPerPair');
+  if (results['standalone-3']) verdicts.push({
+    target: 'what the Cluster adds to a spread load: 3-master Cluster over three standalone servers carrying the same pairs (no target; for reading the one above)',
+    result: 'INFO',
+    detail: `${m('cluster-3', 'redisCpuUsPerPair')} vs ${m('standalone-3', 'redisCpuUsPerPair')} µs: ${round(spread(), 3)}x; three standalone servers over one: ${round(spreadAlone(), 3)}x`,
+  });
 
   const out = {
     benchmark: 'cluster-cost', date, startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(), command: commandLine,

@@ -44,16 +44,20 @@ async function pairClient(init) {
     };
   }
   const { createRedisLockDriver } = require(init.packageDir ? `${init.packageDir}/index.js` : '../index.js');
-  const connection = init.cluster ? { url: init.url, cluster: true } : init.url;
   const options = { driver: 'redis', connection: 'bench', namespace: init.namespace, leaseMs: 10_000, waitTimeoutMs: 0 };
   if (init.notifications) options.notifications = init.notifications;
-  const driver = createRedisLockDriver(connection, options);
+  // `urls`: one driver per standalone server, the pairs dealt out in turn (cluster-cost's
+  // standalone-3: a load spread over three servers without a Cluster).
+  const drivers = init.urls
+    ? init.urls.map((url) => createRedisLockDriver(url, options))
+    : [createRedisLockDriver(init.cluster ? { url: init.url, cluster: true } : init.url, options)];
+  let turn = 0;
   return {
     pair: async (key) => {
-      const lease = await driver.acquire(key);
+      const lease = await drivers[turn++ % drivers.length].acquire(key);
       await lease.release();
     },
-    close: () => driver.shutdown().catch(() => {}),
+    close: () => Promise.all(drivers.map((d) => d.shutdown().catch(() => {}))),
   };
 }
 
