@@ -76,6 +76,8 @@ export type RedisConnectionLike =
       connectTimeoutMs?: number | undefined
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number | undefined
+      /** Default 30000; 0 turns it off. Every connection the driver holds sends a PING once it has carried nothing this long; one unanswered within `commandTimeoutMs` is dead and replaced (a subscription falls back to polling and subscribes again). */
+      pingIntervalMs?: number | undefined
       /** `url` names one node of a Redis Cluster, or several seed nodes (`redis://[user:password@]host[:port],host[:port]…`). Not with a Sentinel URL. */
       cluster?: boolean | undefined
       /** The Sentinels' own user (Sentinel URLs only); the URL's credentials are the data nodes'. */
@@ -222,6 +224,8 @@ export interface LockDriverStats {
   /** Acquire scripts sent to Redis. */
   redisAttempts: number
   notificationsReceived: number
+  /** Connections found dead by a liveness PING (`pingIntervalMs`): each was replaced. A rising count means a middlebox drops idle flows, or Redis stalls. */
+  deadConnections: number
   /** Failed calls by code; every code is present, zeros included. */
   errors: { [K in LockErrorCode]: number }
 }

@@ -371,6 +371,7 @@ impl NativeDriver {
             subscription: s.subscription.to_owned(),
             redis_attempts: s.redis_attempts as f64,
             notifications_received: s.notifications_received as f64,
+            dead_connections: s.dead_connections as f64,
             errors: s
                 .errors
                 .into_iter()
@@ -390,6 +391,7 @@ pub struct NativeStats {
     pub subscription: String,
     pub redis_attempts: f64,
     pub notifications_received: f64,
+    pub dead_connections: f64,
     pub errors: HashMap<String, f64>,
 }
 

@@ -255,6 +255,8 @@ pub struct ConnectionOptions {
     pub(crate) name: Option<String>,
     pub(crate) connect_timeout_ms: u32,
     pub(crate) command_timeout_ms: u32,
+    /// pingIntervalMs: a connection silent this long sends a PING (0: never).
+    pub(crate) ping_interval_ms: u32,
     /// PEM material for `rediss://` with a private CA or client certificates.
     pub(crate) tls: Option<TlsOptions>,
     /// `url` names one node of a Redis Cluster, or several (`seeds`).
@@ -283,6 +285,7 @@ impl std::fmt::Debug for ConnectionOptions {
             .field("name", &self.name)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("command_timeout_ms", &self.command_timeout_ms)
+            .field("ping_interval_ms", &self.ping_interval_ms)
             .field("tls", &self.tls.as_ref().map(|_| "<redacted>"))
             .field("cluster", &self.cluster)
             .field("seeds", &self.seeds.len())
@@ -297,6 +300,9 @@ impl std::fmt::Debug for ConnectionOptions {
 /// that a stalled one is noticed well inside the default 5 s wait.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT_MS: u32 = 2_000;
 pub(crate) const DEFAULT_COMMAND_TIMEOUT_MS: u32 = 2_000;
+/// CONTRACT.md "Connection liveness": under the idle timeouts of common middleboxes (cloud
+/// load balancers and NATs drop idle flows after 350 s and more).
+pub(crate) const DEFAULT_PING_INTERVAL_MS: u32 = 30_000;
 
 const SCHEMES: [&str; 6] =
     ["redis", "rediss", "redis+unix", "unix", "redis-sentinel", "rediss-sentinel"];
@@ -304,6 +310,7 @@ const SCHEMES: [&str; 6] =
 /// Validates the first argument of `createRedisLockDriver`: a URL or `{ url, … }`.
 pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
     let (mut sentinel_username, mut sentinel_password) = (None, None);
+    let mut ping_interval_ms = DEFAULT_PING_INTERVAL_MS;
     let (url, name, connect_timeout_ms, command_timeout_ms, tls, cluster) = match raw {
         Raw::String(url) => (
             url.as_str(),
@@ -322,6 +329,7 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
                     "name",
                     "connectTimeoutMs",
                     "commandTimeoutMs",
+                    "pingIntervalMs",
                     "cluster",
                     "tls",
                     "sentinelUsername",
@@ -354,6 +362,9 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
                 Some(v) => int_in_range(&format!("connection.{field}"), v, 1),
             };
             let tls = get(fields, "tls").map(parse_tls).transpose()?;
+            if let Some(v) = get(fields, "pingIntervalMs") {
+                ping_interval_ms = int_in_range("connection.pingIntervalMs", v, 0)?;
+            }
             (
                 url,
                 name,
@@ -420,6 +431,7 @@ pub fn parse_connection(raw: &Raw) -> Result<ConnectionOptions, LockError> {
         name,
         connect_timeout_ms,
         command_timeout_ms,
+        ping_interval_ms,
         tls,
         cluster,
         seeds,
@@ -779,6 +791,23 @@ mod tests {
     }
 
     #[test]
+    fn ping_interval_is_an_integer_from_zero_and_zero_turns_it_off() {
+        let with =
+            |v: Raw| parse_connection(&obj(&[("url", s("redis://h")), ("pingIntervalMs", v)]));
+        assert_eq!(with(Raw::Number(0.0)).unwrap().ping_interval_ms, 0);
+        assert_eq!(with(Raw::Number(250.0)).unwrap().ping_interval_ms, 250);
+        for bad in [Raw::Number(-1.0), Raw::Number(1.5), Raw::Number(f64::NAN), s("1000")] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.code, LockErrorCode::InvalidOptions);
+            assert!(e.message.contains("connection.pingIntervalMs"), "{}", e.message);
+        }
+        assert_eq!(
+            parse_connection(&s("redis://h")).unwrap().ping_interval_ms,
+            DEFAULT_PING_INTERVAL_MS
+        );
+    }
+
+    #[test]
     fn connection_accepts_urls_and_objects_and_hides_the_url() {
         let c = parse_connection(&s("redis://:hunter2@127.0.0.1:6379/0")).unwrap();
         assert_eq!(c.command_timeout_ms, DEFAULT_COMMAND_TIMEOUT_MS);
@@ -790,6 +819,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((c.name.as_deref(), c.command_timeout_ms), (Some("main"), 50));
+        assert_eq!(c.ping_interval_ms, DEFAULT_PING_INTERVAL_MS);
         let tls = obj(&[
             ("url", s("rediss://h:6380")),
             ("tls", obj(&[("ca", s("-----BEGIN CERTIFICATE-----\nx\n"))])),

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use url::{is_sentinel_url, SentinelUrl};
 
+use crate::connection::Liveness;
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 
 /// How long a primary whose failover began is left alone without a `+switch-master` or an
@@ -35,6 +36,8 @@ pub(crate) struct Sentinel {
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     command_timeout: Duration,
+    /// pingIntervalMs for the watchers' subscriptions (decision 0172).
+    liveness: Liveness,
     /// The address last confirmed or announced as the primary (`host:port`), and the epoch
     /// in which it was announced, if it was: guards epoch changes.
     confirmed: Mutex<Known>,
@@ -84,6 +87,7 @@ impl Sentinel {
         open: impl Fn(ConnectionInfo) -> redis::RedisResult<Client>,
         connect_timeout: Duration,
         command_timeout: Duration,
+        liveness: Liveness,
         driver_id: u64,
     ) -> redis::RedisResult<Self> {
         let sentinels = url
@@ -110,6 +114,7 @@ impl Sentinel {
             config,
             connect_timeout,
             command_timeout,
+            liveness,
             confirmed: Mutex::new(Known::default()),
             epoch: AtomicU64::new(0),
             switched: watch::Sender::new(0),
@@ -451,7 +456,10 @@ mod tests {
         let url = SentinelUrl::parse("redis-sentinel://s1,s2,s3#m").unwrap();
         let auth = SentinelAuth { username: None, password: None };
         let timeout = Duration::from_secs(1);
-        Sentinel::new(url, auth, Client::open, timeout, timeout, 0).unwrap()
+        let liveness = Liveness::of(
+            &crate::options::parse_connection(&crate::Raw::String("redis://h".into())).unwrap(),
+        );
+        Sentinel::new(url, auth, Client::open, timeout, timeout, liveness, 0).unwrap()
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Stats {
     pub redis_attempts: u64,
     /// Release notifications received.
     pub notifications_received: u64,
+    /// Connections found dead by a liveness PING (pingIntervalMs), each replaced.
+    pub dead_connections: u64,
     /// Failed calls by code.
     pub errors: Vec<(LockErrorCode, u64)>,
 }

@@ -15,7 +15,9 @@ use futures::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::Connect;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture,
     Value,
@@ -32,6 +34,16 @@ pub(crate) type ClusterConn = redis::cluster_async::ClusterConnection<QuietNode>
 const MAX_LEARNED: usize = 64;
 /// How often the slot map is asked for again while commands flow.
 const RELEARN_EVERY: Duration = Duration::from_secs(10);
+
+/// One PING to every master, each on the connection commands to it use (liveness, decision
+/// 0172).
+pub(crate) async fn ping_masters(conn: &mut ClusterConn) -> redis::RedisResult<Value> {
+    let every_master = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::AllSucceeded),
+    ));
+    conn.route_command(redis::cmd("PING"), every_master).await
+}
 
 /// One node's multiplexed connection, opened without `CLIENT SETINFO`.
 #[derive(Clone)]

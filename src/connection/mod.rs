@@ -10,6 +10,7 @@
 
 mod cluster;
 mod eviction;
+mod liveness;
 mod pubsub;
 mod script;
 mod tls;
@@ -22,7 +23,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-pub(crate) use cluster::ClusterConn;
+pub(crate) use cluster::{ping_masters, ClusterConn};
+pub(crate) use liveness::{Answer, Liveness, Quiet};
 pub use pubsub::SubscribeFailure;
 pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
 pub(crate) use script::ScriptCall;
@@ -45,11 +47,18 @@ pub struct Conn {
     /// When it was opened: one opened before a failover began is not used after it
     /// (decision 0051).
     opened: Instant,
+    /// What it carries, for its liveness PINGs; dropped with the last handle.
+    activity: Arc<liveness::Activity>,
 }
 
 impl Conn {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks a command out on it until the guard drops: no liveness PING meanwhile.
+    pub(crate) fn carrying(&self) -> liveness::Carrying<'_> {
+        self.activity.carrying()
     }
 
     /// Tells connections apart, e.g. to share one WAIT among writes of the same one (issue 11).
@@ -142,6 +151,8 @@ pub struct RedisLink {
     connect_timeout: Duration,
     /// commandTimeoutMs: how long a command's reply is waited for.
     pub command_timeout: Duration,
+    /// pingIntervalMs, with commandTimeoutMs for the answer.
+    pub(crate) liveness: Liveness,
     state: Mutex<State>,
     generation: AtomicU64,
     /// After shutdown, late cleanups still connect but nothing is kept open.
@@ -167,6 +178,8 @@ impl RedisLink {
 
     fn build(options: &ConnectionOptions, driver_id: u64) -> Result<Self, redis::RedisError> {
         let connect_timeout = Duration::from_millis(options.connect_timeout_ms.into());
+        // One for every connection of the driver, so their deaths are counted together.
+        let liveness = Liveness::of(options);
         let command_timeout = Duration::from_millis(options.command_timeout_ms.into());
         let target = match &options.sentinel {
             Some(sentinel_url) => {
@@ -184,6 +197,7 @@ impl RedisLink {
                     open,
                     connect_timeout,
                     command_timeout,
+                    liveness.clone(),
                     driver_id,
                 )?))
             }
@@ -209,6 +223,7 @@ impl RedisLink {
             config,
             connect_timeout,
             command_timeout,
+            liveness,
             state: Mutex::new(State::Idle),
             generation: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -255,6 +270,11 @@ impl RedisLink {
             Target::Sentinel(sentinel) => Some(sentinel.switches()),
             Target::Fixed(_) | Target::Cluster(_) => None,
         }
+    }
+
+    /// Connections found dead by a liveness PING since the start (decision 0172).
+    pub fn dead_connections(&self) -> u64 {
+        self.liveness.deaths()
     }
 
     /// Changes of primary seen since the start (0 without Sentinel).
@@ -344,7 +364,40 @@ impl RedisLink {
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
             tokio::spawn(eviction::check_eviction_policy(self.clone(), inner.clone()));
         }
-        Ok(Conn { inner, generation, epoch, closed, opened })
+        let activity = Arc::new(liveness::Activity::new());
+        self.watch_liveness(&activity, &inner, &closed);
+        Ok(Conn { inner, generation, epoch, closed, opened, activity })
+    }
+
+    /// PINGs the connection whenever it has been quiet for pingIntervalMs; one unanswered
+    /// within commandTimeoutMs marks it closed, so the next command opens a new one instead
+    /// of being handed to a flow a middlebox dropped. A Cluster connection asks every
+    /// master: an I/O error there is one node redis-rs reconnects itself, not a dead flow.
+    fn watch_liveness(
+        &self,
+        activity: &Arc<liveness::Activity>,
+        handle: &Handle,
+        closed: &Arc<AtomicBool>,
+    ) {
+        let (handle, timeout, flag) = (handle.clone(), self.liveness.timeout, closed.clone());
+        let ping = move || {
+            let mut handle = handle.clone();
+            async move {
+                match &mut handle {
+                    Handle::Single(conn) => {
+                        Answer::of(timeout, conn.send_packed_command(&redis::cmd("PING")), true)
+                            .await
+                    }
+                    Handle::Cluster(conn) => {
+                        Answer::of(timeout, cluster::ping_masters(conn), false).await
+                    }
+                }
+            }
+        };
+        let liveness = self.liveness.clone();
+        liveness::spawn_watch(activity, liveness, ping, move || {
+            flag.store(true, Ordering::Release)
+        });
     }
 
     /// The primary Sentinel names, confirmed by ROLE on the connection that will carry the
@@ -454,6 +507,7 @@ impl RedisLink {
             return true;
         }
         let mut handle = conn.inner.clone();
+        let _carrying = conn.carrying();
         let time = redis::cmd("TIME");
         let answered = match tokio::time::timeout(self.command_timeout, handle.send(&time)).await {
             Ok(Ok(_)) => true,

@@ -47,6 +47,7 @@ impl RedisLink {
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
         self.refuse_if_stale(conn)?;
+        let _carrying = conn.carrying();
         let mut inner = conn.inner.clone();
         let mut reply = send(&mut inner, &call.command(true)).await;
         // A MOVED reply means the node did not run it, so sending it again is no retry of
@@ -82,6 +83,7 @@ impl RedisLink {
     /// would count the replicas of a demoted node, so the write counts as unconfirmed.
     pub async fn command_on(&self, conn: &Conn, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
         self.refuse_if_stale(conn)?;
+        let _carrying = conn.carrying();
         let reply = send(&mut conn.inner.clone(), cmd).await;
         if matches!(&reply, Err(f) if !f.surely_not_applied()) {
             self.forget(conn);
@@ -100,6 +102,7 @@ impl RedisLink {
         route_key: &str,
     ) -> Result<Vec<Value>, RedisFailure> {
         self.refuse_if_stale(conn)?;
+        let _carrying = conn.carrying();
         let reply = match conn.inner.clone() {
             Handle::Single(mut single) => single.req_packed_commands(pipe, 0, count).await,
             Handle::Cluster(mut cluster) => {

@@ -203,6 +203,7 @@ impl Driver {
             subscription: inner.notify.state().as_str(),
             redis_attempts: inner.counters.attempts(),
             notifications_received: inner.notify.received(),
+            dead_connections: inner.link.dead_connections(),
             errors: inner.counters.errors(),
         }
     }

@@ -13,12 +13,12 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::modes::{lost, Carrier, Event, Judged, Subscribed};
+use super::modes::{lost, unanswered, Carrier, Event, Judged, Subscribed};
 use super::tracker::{Verdict, Via};
 use super::RESUBSCRIBE_AFTER_FAILURE;
 use super::{primary_switched, sleep_until_opt, Shared, SubscriptionState};
 use crate::backoff::Backoff;
-use crate::connection::{RedisLink, SubscribeFailure};
+use crate::connection::{Answer, Quiet, RedisLink, SubscribeFailure};
 use crate::error::RedisFailure;
 use crate::events;
 use crate::waiters::Lines;
@@ -112,6 +112,7 @@ async fn serve(
     // within the batch window.
     let mut send_at = Some(Instant::now() + BATCH_WINDOW);
     let mut retry = Retry::default();
+    let mut quiet = Quiet::new(&link.liveness);
     loop {
         let (due, rejudge) = {
             let state = shared.lock();
@@ -122,6 +123,7 @@ async fn serve(
             _ = stopping.cancelled() => return Ended::Stopped,
             _ = primary_switched(switches) => return Ended::Switched,
             event = carrier.next() => {
+                quiet.heard();
                 if let Some(ended) = handle(shared, event, lines, &mut send_at) {
                     return ended;
                 }
@@ -146,6 +148,7 @@ async fn serve(
                     _ = stopping.cancelled() => return Ended::Stopped,
                     sent = send_batch(shared, &mut carrier, link, lines, &mut retry) => sent,
                 };
+                quiet.heard();
                 match sent {
                     Err(ended) => return ended,
                     Ok(more) if more => send_at = Some(Instant::now()),
@@ -171,9 +174,22 @@ async fn serve(
                         idle.iter().map(|(k, held)| (shared.mode.channel(k), *held)).collect();
                     tokio::select! {
                         _ = stopping.cancelled() => return Ended::Stopped,
-                        _ = carrier.unsubscribe(&channels, link) => {}
+                        _ = carrier.unsubscribe(&channels, link) => quiet.heard(),
                     }
                 }
+            }
+            // Nothing came or went for pingIntervalMs: a flow dropped without a word would
+            // look just like this, so ask (decision 0172).
+            _ = quiet.due() => {
+                let answer = tokio::select! {
+                    _ = stopping.cancelled() => return Ended::Stopped,
+                    answer = carrier.ping(link) => answer,
+                };
+                if answer == Answer::Dead {
+                    link.liveness.died();
+                    return Ended::Lost(unanswered());
+                }
+                quiet.heard();
             }
             // A classic or deaf key's slot may have moved to a node that judges it otherwise.
             _ = sleep_until_opt(rejudge) => {

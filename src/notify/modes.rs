@@ -10,7 +10,9 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::tracker::{Held, Usage, Verdict, Via};
-use crate::connection::{refuses_subscribe, ClusterConn, RedisLink, ShardPushes, SubscribeFailure};
+use crate::connection::{
+    ping_masters, refuses_subscribe, Answer, ClusterConn, RedisLink, ShardPushes, SubscribeFailure,
+};
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 use crate::keys::KeyChannels;
 use crate::waiters::Lines;
@@ -216,6 +218,18 @@ impl Carrier {
         }
     }
 
+    /// One liveness PING (decision 0172): on a classic connection in subscribed mode; on a
+    /// sharded one to every master, each on the node connection its subscriptions use.
+    pub(super) async fn ping(&mut self, link: &RedisLink) -> Answer {
+        let timeout = link.liveness.timeout;
+        match self {
+            Self::Classic { sink, .. } => {
+                Answer::of(timeout, sink.ping::<redis::Value>(), true).await
+            }
+            Self::Sharded { conn, .. } => Answer::of(timeout, ping_masters(conn), false).await,
+        }
+    }
+
     /// Subscribes `channels` (with what each holds already), each within commandTimeoutMs:
     /// one SUBSCRIBE on a classic connection; on a sharded one, each channel is judged on
     /// its own, all sent together (SSUBSCRIBE takes the channels of one slot only).
@@ -381,6 +395,15 @@ async fn shard_command(
 }
 
 /// The subscription connection ended.
+/// The connection did not answer a liveness PING in time: a flow dropped without a word.
+pub(super) fn unanswered() -> RedisFailure {
+    RedisFailure::new(
+        RedisErrorCode::ConnectionLost,
+        Outcome::Unknown,
+        "the release-notification connection did not answer a PING within commandTimeoutMs",
+    )
+}
+
 pub(super) fn lost() -> RedisFailure {
     RedisFailure::new(
         RedisErrorCode::ConnectionLost,

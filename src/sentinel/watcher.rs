@@ -18,6 +18,7 @@ use futures::StreamExt;
 
 use super::{address, pause, Sentinel};
 use crate::backoff::Backoff;
+use crate::connection::{Answer, Quiet};
 use crate::events;
 
 const CHANNEL: &str = "+switch-master";
@@ -37,9 +38,9 @@ const HELD_LONG_ENOUGH: Duration = Duration::from_secs(1);
 pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     while !sentinel.stop.is_cancelled() {
-        if let Some(messages) = subscribe(&sentinel, index).await {
+        if let Some((sink, messages)) = subscribe(&sentinel, index).await {
             let began = Instant::now();
-            follow(&sentinel, messages).await;
+            follow(&sentinel, sink, messages).await;
             // A subscription that ended at once (a Sentinel that takes it and drops it)
             // counts as a failure: otherwise it would be asked again in a tight loop.
             if began.elapsed() >= HELD_LONG_ENOUGH {
@@ -53,7 +54,10 @@ pub(super) async fn run(sentinel: Arc<Sentinel>, index: usize) {
     }
 }
 
-async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubSubStream> {
+async fn subscribe(
+    sentinel: &Sentinel,
+    index: usize,
+) -> Option<(redis::aio::PubSubSink, redis::aio::PubSubStream)> {
     let connect = async {
         let mut pubsub = sentinel.sentinels[index].get_async_pubsub().await?;
         pubsub.subscribe(CHANNEL).await?;
@@ -68,7 +72,7 @@ async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubS
                 events::failover_hold_unavailable(sentinel.driver_id);
             }
         }
-        Ok::<_, redis::RedisError>(pubsub.into_on_message())
+        Ok::<_, redis::RedisError>(pubsub.split())
     };
     tokio::select! {
         _ = sentinel.stop.cancelled() => None,
@@ -76,17 +80,38 @@ async fn subscribe(sentinel: &Sentinel, index: usize) -> Option<redis::aio::PubS
     }
 }
 
-/// Reads announcements until the connection ends or the link closes.
-async fn follow(sentinel: &Sentinel, mut messages: redis::aio::PubSubStream) {
+/// Reads announcements until the connection ends, does not answer a liveness PING within
+/// commandTimeoutMs (a flow dropped without a word: subscribed again, decision 0172), or the
+/// link closes.
+async fn follow(
+    sentinel: &Sentinel,
+    mut sink: redis::aio::PubSubSink,
+    mut messages: redis::aio::PubSubStream,
+) {
     // Whatever was announced before this subscription took went unheard.
     if !ask(sentinel).await {
         return;
     }
+    let mut quiet = Quiet::new(&sentinel.liveness);
     loop {
         let message = tokio::select! {
             _ = sentinel.stop.cancelled() => return,
             message = messages.next() => message,
+            _ = quiet.due() => {
+                let ping = sink.ping::<redis::Value>();
+                let answer = tokio::select! {
+                    _ = sentinel.stop.cancelled() => return,
+                    answer = Answer::of(sentinel.liveness.timeout, ping, true) => answer,
+                };
+                if answer == Answer::Dead {
+                    sentinel.liveness.died();
+                    return;
+                }
+                quiet.heard();
+                continue;
+            }
         };
+        quiet.heard();
         let Some(message) = message else { return };
         let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
         match message.get_channel_name() {

@@ -12,6 +12,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this
 
+pub(crate) mod middlebox;
+
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,183 @@
+//! Connections that die without a word (issue 34, CONTRACT.md "Connection liveness"): a NAT,
+//! a cloud load balancer or a partition drops an idle flow and tells neither side. Every
+//! connection the driver holds PINGs after `pingIntervalMs` of quiet, and one whose PING
+//! goes unanswered within `commandTimeoutMs` is replaced.
+
+mod common;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{connection, eventually, notifying_driver};
+use dokebi_lock_redis::testing::SubscriptionState;
+use dokebi_lock_redis::{Driver, Lease, LockError, LockErrorCode, Raw};
+use support::middlebox::{Drop, Flows, Middlebox};
+use support::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+const PING_MS: f64 = 300.0;
+const COMMAND_TIMEOUT_MS: f64 = 500.0;
+/// Five times what finding a dead connection takes (one interval of quiet, one unanswered
+/// PING), for a busy 2-core machine.
+const FOUND_WITHIN: Duration =
+    Duration::from_millis(5 * (PING_MS as u64 + COMMAND_TIMEOUT_MS as u64));
+
+fn through(mb: &Middlebox, redis: &RedisServer, ping_ms: f64) -> Raw {
+    connection(
+        &mb.url_for(redis.url()),
+        &[
+            ("pingIntervalMs", Raw::Number(ping_ms)),
+            ("commandTimeoutMs", Raw::Number(COMMAND_TIMEOUT_MS)),
+        ],
+    )
+}
+
+fn waiter(d: &Driver, key: &str) -> tokio::task::JoinHandle<Result<Arc<Lease>, LockError>> {
+    let (d, key) = (d.clone(), key.to_owned());
+    tokio::spawn(async move { d.acquire(&key, Some(60_000), CancellationToken::new()).await })
+}
+
+/// The waiters' subscription is cut silently while they keep coming: it is found dead within
+/// an interval and a timeout, `stats()` says so, the waiters get the lock by polling
+/// meanwhile (not after notifyPollIntervalMs, a minute here), and once the flow passes again
+/// they subscribe anew and hear releases again. Namespace and per-key modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_cut_silently_is_found_dead_and_its_waiters_poll_then_hear_again() {
+    if support::external() {
+        return;
+    }
+    for mode in ["namespace", "per-key"] {
+        let redis = RedisServer::start();
+        let mb = Middlebox::start(redis.url().trim_start_matches("redis://").to_owned());
+        let holder = notifying_driver(common::url(redis.url()), "cut", mode, &[]);
+        let d = notifying_driver(
+            through(&mb, &redis, PING_MS),
+            "cut",
+            mode,
+            &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 60_000.0)],
+        );
+
+        let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
+        let waiting = waiter(&d, "k");
+        eventually("the subscription", Duration::from_secs(5), || {
+            d.subscription_state() == SubscriptionState::Live
+        })
+        .await;
+        assert_eq!(mb.cut(Flows::Subscribers, Drop::Silently), 1, "{mode}");
+        let cut_at = Instant::now();
+        eventually("the dead subscription found", FOUND_WITHIN, || {
+            matches!(d.subscription_state(), SubscriptionState::Failed(_))
+        })
+        .await;
+        let found_after = cut_at.elapsed();
+        assert!(mb.pings_into_cut() >= 1, "{mode}: found by its PING");
+        assert_eq!(d.stats().dead_connections, 1, "{mode}");
+
+        // Released while nobody can hear it: the waiter polls (20 ms), not a minute.
+        holder.release(&held).await.unwrap();
+        let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiter polled")
+            .unwrap()
+            .unwrap();
+        d.release(&lease).await.unwrap();
+
+        // Waiters come back more than 5 s later: a new subscription, on a new flow.
+        let heard_before = d.stats().notifications_received;
+        let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(6)).await; // the resubscribe rule's 5 s
+        let waiting = waiter(&d, "k");
+        eventually("a new subscription", Duration::from_secs(10), || {
+            d.subscription_state() == SubscriptionState::Live && mb.live_subscribers() == 1
+        })
+        .await;
+        holder.release(&held).await.unwrap();
+        let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiter heard the release")
+            .unwrap()
+            .unwrap();
+        assert!(d.stats().notifications_received > heard_before, "{mode}: heard again");
+        d.release(&lease).await.unwrap();
+        eprintln!("{mode}: a silent cut of the subscription was found after {found_after:?}");
+        d.shutdown().await.unwrap();
+        holder.shutdown().await.unwrap();
+    }
+}
+
+/// A driver left idle past a middlebox's idle timeout hands its next acquire to a live
+/// connection: its PING found the dropped flow first. Without PINGs (pingIntervalMs 0) the
+/// same acquire goes to the dead flow and ends OUTCOME_UNKNOWN, which is what users of cloud
+/// Redis meet as "ECONNRESET after 10 minutes idle".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_driver_whose_flow_was_dropped_acquires_on_a_live_connection() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    for how in [Drop::Silently, Drop::WithResetOnNextPacket] {
+        let mb = Middlebox::start(redis.url().trim_start_matches("redis://").to_owned());
+        let pinging = notifying_driver(through(&mb, &redis, PING_MS), "idle", "namespace", &[]);
+        let silent = notifying_driver(
+            through(&mb, &redis, 0.0),
+            "idle",
+            "namespace",
+            &[("shutdownTimeoutMs", 500.0)],
+        );
+        for d in [&pinging, &silent] {
+            let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+            assert!(d.release(&lease).await.unwrap());
+        }
+        assert_eq!(mb.cut(Flows::All, how), 2, "{how:?}: both command flows");
+        eventually("the dropped flow found", FOUND_WITHIN, || {
+            pinging.stats().dead_connections == 1
+        })
+        .await;
+
+        let lease = pinging.acquire("k", Some(0), CancellationToken::new()).await;
+        let lease = lease.unwrap_or_else(|e| panic!("{how:?}: {:?}", e.code));
+        assert!(pinging.release(&lease).await.unwrap());
+
+        // Silently: no reply within commandTimeoutMs; reset: the RST comes after the write,
+        // and nobody can say whether Redis read it first. Unknown either way.
+        let err = silent.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
+        assert_eq!(err.code, LockErrorCode::OutcomeUnknown, "{how:?}: the fault is real");
+        assert_eq!(silent.stats().dead_connections, 0);
+        pinging.shutdown().await.unwrap();
+        // Its unknown acquire's cleanup waits on a reply the dead flow will never bring:
+        // shutdown may well say CLEANUP_TIMEOUT, which is not what this test is about.
+        let _ = silent.shutdown().await;
+    }
+}
+
+/// PINGs go only to a quiet connection: a driver that keeps acquiring sends none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_connection_sends_no_ping() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let d = notifying_driver(
+        connection(redis.url(), &[("pingIntervalMs", Raw::Number(200.0))]),
+        "busy",
+        "namespace",
+        &[],
+    );
+    let pings = || {
+        let info = redis.command(&["INFO", "commandstats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let before = pings(); // the harness's own readiness PINGs
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+        assert!(d.release(&lease).await.unwrap());
+    }
+    assert_eq!(pings(), before, "no PING while commands flow");
+    eventually("a PING once quiet", Duration::from_secs(5), || pings() > before).await;
+    d.shutdown().await.unwrap();
+}
