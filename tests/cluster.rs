@@ -1183,3 +1183,58 @@ async fn a_stopped_url_node_stops_no_shard_once_its_replica_takes_over_per_key()
     }
     a_stopped_url_node_stops_no_shard("per-key").await;
 }
+
+/// Every node's flows are dropped without a word while the driver is idle (each node
+/// announces a middlebox's port, so the driver reaches it only through one): the Cluster
+/// connection's PING to the masters finds it, and the next acquire on every shard runs on
+/// new connections instead of being handed to a dead flow (issue 34; decision 0172).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_shard() {
+    use support::middlebox::{Drop, Flows, Middlebox};
+    if support::external() {
+        return;
+    }
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let boxes: Vec<Middlebox> = cluster.nodes.iter().map(|n| Middlebox::start(n.port)).collect();
+    for (node, mb) in cluster.nodes.iter().zip(&boxes) {
+        let port = mb.port().to_string();
+        assert!(node.command(&["CONFIG", "SET", "cluster-announce-port", &port]).starts_with('+'));
+    }
+    let announced = |node: &RedisServer| {
+        let slots = node.command(&["CLUSTER", "SLOTS"]);
+        boxes.iter().all(|mb| slots.contains(&format!(":{}\r\n", mb.port())))
+    };
+    eventually("every node announcing its middlebox", Duration::from_secs(10), || {
+        cluster.nodes.iter().all(announced)
+    })
+    .await;
+    let url = format!("redis://127.0.0.1:{}", boxes[0].port());
+    let conn = connection(
+        &url,
+        &[
+            ("cluster", Raw::Bool(true)),
+            ("pingIntervalMs", Raw::Number(300.0)),
+            ("commandTimeoutMs", Raw::Number(500.0)),
+        ],
+    );
+    let d = driver(conn, "cut", &[]);
+    let keys = key_per_master(&cluster, "cut");
+    for key in &keys {
+        let lease = d.acquire(key, Some(0), CancellationToken::new()).await.unwrap();
+        assert!(d.release(&lease).await.unwrap());
+    }
+    for mb in &boxes {
+        mb.cut(Flows::All, Drop::Silently);
+    }
+    eventually("the dropped flows found", Duration::from_secs(4), || {
+        d.stats().dead_connections >= 1
+    })
+    .await;
+    assert!(boxes.iter().any(|mb| mb.pings_into_cut() >= 1));
+    for key in &keys {
+        let lease = d.acquire(key, Some(0), CancellationToken::new()).await;
+        let lease = lease.unwrap_or_else(|e| panic!("{:?}", e.code));
+        assert!(d.release(&lease).await.unwrap());
+    }
+    d.shutdown().await.unwrap();
+}

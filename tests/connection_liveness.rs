@@ -49,7 +49,7 @@ async fn a_subscription_cut_silently_is_found_dead_and_its_waiters_poll_then_hea
     }
     for mode in ["namespace", "per-key"] {
         let redis = RedisServer::start();
-        let mb = Middlebox::start(redis.url().trim_start_matches("redis://").to_owned());
+        let mb = Middlebox::start(redis.port);
         let holder = notifying_driver(common::url(redis.url()), "cut", mode, &[]);
         let d = notifying_driver(
             through(&mb, &redis, PING_MS),
@@ -117,7 +117,7 @@ async fn an_idle_driver_whose_flow_was_dropped_acquires_on_a_live_connection() {
     }
     let redis = RedisServer::start();
     for how in [Drop::Silently, Drop::WithResetOnNextPacket] {
-        let mb = Middlebox::start(redis.url().trim_start_matches("redis://").to_owned());
+        let mb = Middlebox::start(redis.port);
         let pinging = notifying_driver(through(&mb, &redis, PING_MS), "idle", "namespace", &[]);
         let silent = notifying_driver(
             through(&mb, &redis, 0.0),
@@ -179,5 +179,51 @@ async fn a_busy_connection_sends_no_ping() {
     }
     assert_eq!(pings(), before, "no PING while commands flow");
     eventually("a PING once quiet", Duration::from_secs(5), || pings() > before).await;
+    d.shutdown().await.unwrap();
+}
+
+/// Through Sentinel, both the data node's flows and the Sentinel's are dropped silently:
+/// the command connection and the Sentinel watcher's subscription are both found dead, the
+/// next acquire runs on a new connection to the primary, and the watcher subscribes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_dropped_flows_to_the_primary_and_to_the_sentinel_are_replaced() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let to_primary = Middlebox::start(redis.port);
+    let sentinel = support::Sentinel::start_for_port("m", to_primary.port(), &[]);
+    let to_sentinel = Middlebox::start(sentinel.port());
+    let url = format!("redis-sentinel://127.0.0.1:{}#m", to_sentinel.port());
+    let d = notifying_driver(
+        connection(
+            &url,
+            &[
+                ("pingIntervalMs", Raw::Number(PING_MS)),
+                ("commandTimeoutMs", Raw::Number(COMMAND_TIMEOUT_MS)),
+            ],
+        ),
+        "sentinel-cut",
+        "namespace",
+        &[],
+    );
+    let lease = d.acquire("k", Some(5_000), CancellationToken::new()).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    eventually("the watcher's subscription", Duration::from_secs(5), || {
+        to_sentinel.live_subscribers() == 1
+    })
+    .await;
+
+    to_primary.cut(Flows::All, Drop::Silently);
+    to_sentinel.cut(Flows::All, Drop::Silently);
+    eventually("both dead connections found", FOUND_WITHIN, || d.stats().dead_connections >= 2)
+        .await;
+    let lease = d.acquire("k", Some(5_000), CancellationToken::new()).await;
+    let lease = lease.unwrap_or_else(|e| panic!("{:?}", e.code));
+    assert!(d.release(&lease).await.unwrap());
+    eventually("the watcher subscribed again", Duration::from_secs(10), || {
+        to_sentinel.live_subscribers() == 1
+    })
+    .await;
     d.shutdown().await.unwrap();
 }

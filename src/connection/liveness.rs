@@ -133,7 +133,8 @@ impl Answer {
         match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(_)) => Self::Answered,
             Ok(Err(e)) if e.code().is_some() => Self::Answered,
-            Ok(Err(_)) if !io_is_dead => Self::Skipped,
+            // redis-rs's own response timeout (a Cluster's) is the unanswered PING too.
+            Ok(Err(e)) if !io_is_dead && !e.is_timeout() => Self::Skipped,
             Ok(Err(_)) | Err(_) => Self::Dead,
         }
     }

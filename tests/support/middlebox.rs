@@ -53,8 +53,9 @@ pub(crate) struct Middlebox {
 }
 
 impl Middlebox {
-    /// Relays `127.0.0.1:<port>` to the server at `upstream` (`host:port`).
-    pub(crate) fn start(upstream: String) -> Self {
+    /// Relays its own port to the server on `127.0.0.1:<upstream>`.
+    pub(crate) fn start(upstream: u16) -> Self {
+        let upstream = format!("127.0.0.1:{upstream}");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
