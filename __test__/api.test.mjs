@@ -223,6 +223,7 @@ describe('createRedisLockDriver', () => {
       new URL(redis.url).pathname.length > 1 ? redis.url : `${redis.url}/0`,
       { url: redis.url },
       { url: redis.url, name: 'main', connectTimeoutMs: 1000, commandTimeoutMs: 1000 },
+      { url: redis.url, pingIntervalMs: 0 }, { url: redis.url, pingIntervalMs: 1000 },
     ];
     for (const connection of forms) {
       const ns = uniqueNamespace('api-conn');
@@ -245,6 +246,8 @@ describe('createRedisLockDriver', () => {
       { url: redis.url, connectTimeoutMs: -1 }, { url: redis.url, connectTimeoutMs: 0 },
       { url: redis.url, commandTimeoutMs: 1.5 }, { url: redis.url, commandTimeoutMs: Number.NaN },
       { url: redis.url, commandTimeoutMs: '100' }, { url: redis.url, name: '' },
+      { url: redis.url, pingIntervalMs: -1 }, { url: redis.url, pingIntervalMs: 2.5 },
+      { url: redis.url, pingIntervalMs: '30000' },
       { url: redis.url, bogus: true },
     ];
     for (const connection of bad) {

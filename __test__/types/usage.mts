@@ -62,6 +62,7 @@ const byEntry: RedisConnectionLike = {
   name: 'main',
   connectTimeoutMs: 2000,
   commandTimeoutMs: 2000,
+  pingIntervalMs: 30000,
 }
 const tlsCluster: RedisConnectionLike = {
   url: 'rediss://redis.internal:6380',
@@ -95,6 +96,7 @@ function metrics(d: LockDriver): Record<string, number> {
   return {
     waiters: stats.waiters, lines: stats.lines, inProgress: stats.inProgress, trackedLeases: stats.trackedLeases,
     redisAttempts: stats.redisAttempts, notificationsReceived: stats.notificationsReceived,
+    deadConnections: stats.deadConnections,
     live: subscription === 'live' ? 1 : 0, busy, errors,
   }
 }
