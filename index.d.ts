@@ -5,7 +5,7 @@
  * slot's owner), never a Redlock quorum.
  *
  * A lease is a lock with an expiry and a fencing token. Mutual exclusion holds only when
- * the store you write to checks the fence: see README.md, "Limits of fencing".
+ * the store you write to checks the fence: see docs/fencing.md.
  */
 
 /** Every `LockError.code`. */
@@ -63,7 +63,7 @@ export interface RedisErrorLike extends Error {
  * (Sentinel port 26379 by default; the credentials and database are the data nodes'), or
  * `rediss-sentinel://…` for TLS to the Sentinels and the data nodes. The driver asks the
  * Sentinels in the listed order, confirms the primary with ROLE and follows it through
- * failovers (README.md, "Connecting through Sentinel").
+ * failovers (docs/redis-ha.md, "Connecting through Sentinel").
  */
 export type RedisConnectionLike =
   | string
@@ -114,7 +114,7 @@ export interface RedisLockBackendInput {
   /**
    * Extension: replicas that must acknowledge (WAIT) a winning acquire and a renew before it
    * counts; default 0 (no WAIT). Too few: PROVIDER_FAILED with a retryable NOREPLICAS cause.
-   * With `cluster: true`, confirmed per node by a rewrite and WAIT in one pipeline. README.md, "Redis HA".
+   * With `cluster: true`, confirmed per node by a rewrite and WAIT in one pipeline. docs/redis-ha.md.
    */
   minReplicas?: number | undefined
   /**
@@ -134,7 +134,7 @@ export interface RedisLockBackendInput {
    * publishes on `<namespace>:lock-released:{<sha256 hex of the key>}` only (sharded pub/sub
    * on a Redis Cluster 7.0+), and a process subscribes only to the keys it waits on.
    * `'both'`: publishes on both channels and listens per key, for a rolling migration.
-   * README.md, "Release notifications per key".
+   * docs/waiting.md, "Release notifications per key".
    */
   notifications?: RedisLockNotifications | undefined
 }
@@ -188,8 +188,9 @@ export interface Lease extends AsyncDisposable {
    * Renews on the addon's threads every `everyMs` (default leaseMs / 3) with `renew()`'s
    * rules, until `release()`, shutdown, the first failed renewal (the lease ends and `signal`
    * aborts with its error) or `maxHoldMs` after this call (then the lease runs out at its
-   * deadline). A second call replaces the first. Throws INVALID_OPTIONS on bad values,
-   * LEASE_EXPIRED on a lease that is no longer valid.
+   * deadline). A second call replaces the first. Throws INVALID_OPTIONS on bad values (and
+   * always with `leaseMs` < 2, where no `everyMs` fits below it), LEASE_EXPIRED on a lease
+   * that is no longer valid.
    */
   keepAlive(options: KeepAliveOptions): void
 }
@@ -197,8 +198,8 @@ export interface Lease extends AsyncDisposable {
 export interface KeepAliveOptions {
   /** Required, integer ≥ 1: renewals stop this long after the call. */
   maxHoldMs: number
-  /** Integer, 1 ≤ everyMs < leaseMs; default leaseMs / 3 rounded down. */
-  everyMs?: number
+  /** Integer, 1 ≤ everyMs < leaseMs; default leaseMs / 3 rounded down. With `leaseMs` < 2 no value fits: keepAlive throws INVALID_OPTIONS. */
+  everyMs?: number | undefined
 }
 
 /** `await using backend = createRedisLockDriver(…)` calls `shutdown()` at the end of the block. */

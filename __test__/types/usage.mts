@@ -119,6 +119,10 @@ async function job(signal: AbortSignal): Promise<boolean> {
     if (lease.valid && lease.remainingMs < 1_000) await lease.renew()
     const keepAlive: KeepAliveOptions = { maxHoldMs: 60_000, everyMs: 1_000 }
     lease.keepAlive(keepAlive)
+    // An option passed on as it came (`undefined` when the caller gave none) counts as absent,
+    // as for every other optional field, also under exactOptionalPropertyTypes.
+    const everyMs: number | undefined = undefined
+    lease.keepAlive({ maxHoldMs: 60_000, everyMs })
     const held: AbortSignal = AbortSignal.any([lease.signal, signal])
     void held
     return key.length > 0
