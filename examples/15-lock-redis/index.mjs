@@ -3,10 +3,8 @@
 //
 //   npm run example                                   # REDIS_URL, else 127.0.0.1:6379, else a throwaway redis-server
 //   REDIS_URL=redis://127.0.0.1:6379/0 node examples/15-lock-redis/index.mjs
-import { createRequire } from 'node:module'
 import { setTimeout as sleep } from 'node:timers/promises'
-
-const { createRedisLockDriver, LockError } = createRequire(import.meta.url)('../../index.js')
+import { createRedisLockDriver, LockError } from '@dokebi/lock-redis'
 
 const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379/0'
 const options = { driver: 'redis', connection: 'main', namespace: 'example-15', leaseMs: 2000 }

@@ -7,11 +7,9 @@
 //   REDIS_URL=redis://127.0.0.1:6379/0 node examples/16-tracing-channels/index.mjs
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { tracingChannel } from 'node:diagnostics_channel'
-import { createRequire } from 'node:module'
 import { createHistogram } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
-
-const { createRedisLockDriver } = createRequire(import.meta.url)('../../index.js')
+import { createRedisLockDriver } from '@dokebi/lock-redis'
 
 // ------------------------------------------------------------- a tiny tracer ----
 

@@ -8,10 +8,8 @@
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createServer } from 'node:http'
-import { createRequire } from 'node:module'
 import { setTimeout as sleep } from 'node:timers/promises'
-
-const { createRedisLockDriver } = createRequire(import.meta.url)('../../index.js')
+import { createRedisLockDriver } from '@dokebi/lock-redis'
 
 const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379/0'
 await using locks = createRedisLockDriver(url, { driver: 'redis', connection: 'main', namespace: 'example-18', leaseMs: 600 })
