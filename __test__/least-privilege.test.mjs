@@ -1,4 +1,4 @@
-// README's "Least privilege" rule, read from README itself, as the driver's only user:
+// The "Least privilege" rule of docs/operations.md, read from the page itself, as the driver's only user:
 // a whole acquire / wait / renew / release / shutdown cycle through the package leaves
 // `ACL LOG` empty (decision 0075). Run on every server of the matrix (npm run
 // test:servers): Redis 7.2+ and Valkey know CLIENT SETINFO, which redis-rs would send on
@@ -14,14 +14,14 @@ import { external, startRedis } from './helpers/redis.mjs';
 const require = createRequire(import.meta.url);
 const { createRedisLockDriver } = require('../index.js');
 
-const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
-// `ACL SETUSER locker on >password … +ping`, with README's namespace `my-service`.
-const rule = /^ACL SETUSER locker .*$/m.exec(readme)?.[0];
+const guide = readFileSync(new URL('../docs/operations.md', import.meta.url), 'utf8');
+// `ACL SETUSER locker on >password … +ping`, with the guide's namespace `my-service`.
+const rule = /^ACL SETUSER locker .*$/m.exec(guide)?.[0];
 
-test("README's least-privilege user runs the whole cycle without one ACL denial", {
+test("the operations guide's least-privilege user runs the whole cycle without one ACL denial", {
   skip: external && 'needs a throwaway server to add an ACL user to',
 }, async (t) => {
-  assert.ok(rule, 'README.md has the ACL SETUSER line');
+  assert.ok(rule, 'docs/operations.md has the ACL SETUSER line');
   const redis = await startRedis();
   t.after(() => redis.stop());
   assert.equal(await redis.command(...rule.split(' ')), 'OK');

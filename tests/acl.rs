@@ -1,5 +1,5 @@
 //! The whole driver as a least-privilege user: only the commands, key pattern and channel
-//! that README's ACL rule grants.
+//! that the ACL rule of docs/operations.md grants.
 
 mod common;
 mod support;
@@ -51,14 +51,14 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
     assert_eq!(log, "*0\r\n", "ACL LOG has denials: {log}");
 }
 
-/// The rule these tests (and the minReplicas and Sentinel ones) grant is README's, word for
-/// word but for the namespace and password they use: an edit to README's rule is tested.
+/// The rule these tests (and the minReplicas and Sentinel ones) grant is docs/operations.md's, word for
+/// word but for the namespace and password they use: an edit to that rule is tested.
 #[test]
 fn the_tests_grant_the_rule_readme_gives() {
-    let line = include_str!("../README.md")
+    let line = include_str!("../docs/operations.md")
         .lines()
         .find(|l| l.starts_with("ACL SETUSER locker "))
-        .expect("README.md, \"Least privilege\", has the ACL SETUSER line");
+        .expect("docs/operations.md, \"Least privilege\", has the ACL SETUSER line");
     let readme: Vec<String> = line
         .split(' ')
         .skip(3)
@@ -67,7 +67,7 @@ fn the_tests_grant_the_rule_readme_gives() {
     assert_eq!(readme, common::LEAST_PRIVILEGE_RULE);
 }
 
-/// README's rule for `notifications: 'per-key'`: the key channels (`&locks:lock-released*`)
+/// docs/operations.md's rule for `notifications: 'per-key'`: the key channels (`&locks:lock-released*`)
 /// and `+unsubscribe`, which the grace period's UNSUBSCRIBE needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_readmes_additions() {

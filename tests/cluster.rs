@@ -872,7 +872,7 @@ async fn a_driver_started_while_a_seed_node_is_down_reaches_the_cluster_through_
     d.shutdown().await.unwrap();
 }
 
-/// README's least-privilege rule with its Cluster line, on every node: the whole cycle, in
+/// The least-privilege rule of docs/operations.md with its Cluster line, on every node: the whole cycle, in
 /// both notification modes, leaves `ACL LOG` empty everywhere, so nothing redis-rs's Cluster
 /// client sends unasked (`CLIENT SETINFO` on Redis 7.2+ and Valkey) is refused (issue 23).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -865,18 +865,18 @@ async fn a_followed_failover_ends_leases_on_the_old_primary_with_min_replicas_0_
     confirmed.shutdown().await.unwrap();
 }
 
-/// README.md, "Least privilege" for the Sentinels (checked against README below).
+/// docs/operations.md, "Least privilege", for the Sentinels (checked against it below).
 const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master &+failover-state-send-slaveof-noone &-failover-abort-slave-timeout -@all +sentinel|get-master-addr-by-name +subscribe";
-/// The rule README gave before the failover-state channels (decision 0051): still enough
+/// The rule the docs gave before the failover-state channels (decision 0051): still enough
 /// to follow a switch.
 const OLDER_SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
 
 #[test]
 fn the_sentinel_user_is_the_one_readme_gives() {
-    let line = include_str!("../README.md")
+    let line = include_str!("../docs/operations.md")
         .lines()
         .find(|l| l.starts_with("user watcher "))
-        .expect("README.md, \"Least privilege\", has the Sentinel user line");
+        .expect("docs/operations.md, \"Least privilege\", has the Sentinel user line");
     assert_eq!(line.replace(">password", ">w4tcher"), SENTINEL_RULE);
 }
 
@@ -967,7 +967,7 @@ async fn least_privileged_run(sentinel_rule: &str) -> String {
     let (old, new, sentinel) = cluster(&[sentinel_rule]);
     for node in [&old, &new] {
         let mut setuser = vec!["ACL", "SETUSER", "locker"];
-        // README.md, "Least privilege" for the data nodes, plus `+role`.
+        // docs/operations.md, "Least privilege", for the data nodes, plus `+role`.
         setuser.extend_from_slice(common::LEAST_PRIVILEGE_RULE);
         setuser.push("+role");
         assert!(node.command(&setuser).starts_with("+OK"));

@@ -80,10 +80,10 @@ pub(crate) async fn eventually(what: &str, within: Duration, mut check: impl FnM
     }
 }
 
-/// README.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
+/// docs/operations.md, "Least privilege", for the namespace `locks` (user password `s3cret`): the
 /// ACL tests, the minReplicas one (+ `+wait`) and the Sentinel one (+ `+role`) all start here.
-/// `tests/acl.rs` checks it against README's line.
-/// README's Cluster line, added to the rule on every node of a Cluster: the topology
+/// `tests/acl.rs` checks it against that line.
+/// The Cluster line of docs/operations.md, added to the rule on every node of a Cluster: the topology
 /// redis-rs reads, and the sharded channels (with `&…lock-released*` for per-key mode).
 pub(crate) const CLUSTER_PRIVILEGE_ADDITIONS: &[&str] =
     &["+cluster|slots", "+unsubscribe", "+spublish", "+ssubscribe", "+sunsubscribe"];
