@@ -54,23 +54,23 @@ async fn the_driver_runs_whole_as_the_least_privileged_user() {
 /// The rule these tests (and the minReplicas and Sentinel ones) grant is docs/operations.md's, word for
 /// word but for the namespace and password they use: an edit to that rule is tested.
 #[test]
-fn the_tests_grant_the_rule_readme_gives() {
+fn the_tests_grant_the_rule_the_operations_guide_gives() {
     let line = include_str!("../docs/operations.md")
         .lines()
         .find(|l| l.starts_with("ACL SETUSER locker "))
         .expect("docs/operations.md, \"Least privilege\", has the ACL SETUSER line");
-    let readme: Vec<String> = line
+    let guide: Vec<String> = line
         .split(' ')
         .skip(3)
         .map(|word| word.replace("my-service", "locks").replace(">password", ">s3cret"))
         .collect();
-    assert_eq!(readme, common::LEAST_PRIVILEGE_RULE);
+    assert_eq!(guide, common::LEAST_PRIVILEGE_RULE);
 }
 
 /// docs/operations.md's rule for `notifications: 'per-key'`: the key channels (`&locks:lock-released*`)
 /// and `+unsubscribe`, which the grace period's UNSUBSCRIBE needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_readmes_additions() {
+async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_the_guides_additions() {
     if support::external() {
         return;
     }

@@ -872,7 +872,7 @@ const SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-mas
 const OLDER_SENTINEL_RULE: &str = "user watcher on >w4tcher resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name +subscribe";
 
 #[test]
-fn the_sentinel_user_is_the_one_readme_gives() {
+fn the_sentinel_user_is_the_one_the_operations_guide_gives() {
     let line = include_str!("../docs/operations.md")
         .lines()
         .find(|l| l.starts_with("user watcher "))
