@@ -174,3 +174,15 @@ describe('withLock', () => {
     assert.equal(d.stats().redisAttempts, 0);
   });
 });
+
+describe('examples/19-with-lock', () => {
+  test('runs against a throwaway Redis: work past leaseMs kept alive, released after a value and after a throw', async () => {
+    const { execFile } = await import('node:child_process');
+    const { promisify } = await import('node:util');
+    const example = new URL('../examples/19-with-lock/index.mjs', import.meta.url);
+    const { stdout } = await promisify(execFile)(process.execPath, [example.pathname], { env: { ...process.env, REDIS_URL: redis.url }, timeout: 30_000 });
+    assert.match(stdout, /^report done under fence <decimal>, valid throughout: true$/m);
+    assert.match(stdout, /^second run: ran$/m);
+    assert.match(stdout, /^work failed: upstream down; lock free: true$/m);
+  });
+});
