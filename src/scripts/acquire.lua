@@ -43,17 +43,16 @@ if type(fence) == 'table' then
 end
 if fence == 1 then
   -- The counter was missing (first use, expired, or Redis lost data): it starts at TIME ms
-  -- x 1000, so new fences stay above any handed out before (D-0041). Built as a string: Lua
-  -- numbers are doubles and tostring prints them with %.14g.
-  -- TIME stays in this branch (not before the first write): the common path keeps its two
-  -- commands. Refused here (TIME is only in @fast, so an ACL written by category misses it),
-  -- the lease and the counter INCR just created at 1 are both taken back: a counter left at
-  -- 1 would hand out 2, 3, ... unseeded (decision 0164).
+  -- x 1000, so new fences stay above any handed out before (D-0041). TIME only here, not
+  -- before the first write, keeps the common path at two commands. Refused (TIME is only in
+  -- @fast: an ACL written by category lacks it), the counter INCR just created goes back
+  -- with the lease, or it would hand out 2, 3, ... unseeded (decision 0164).
   local t = redis.pcall('TIME')
   if t.err then
     drop(KEYS[2], '0')
     return undo(t)
   end
+  -- Built as a string: Lua numbers are doubles and tostring prints them with %.14g.
   local seed = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '001'
   local seeded
   if ARGV[3] then
