@@ -535,8 +535,9 @@ impl Run<'_> {
     }
 }
 
-/// One cell of one operation: the run with the whole rule's result, then with `denied`
-/// denied. Returns what went wrong.
+/// One cell for one operation: the operation with `denied` denied, judged as a refusal (then
+/// again waiting, and the next acquire with the command granted again) or against what the
+/// whole rule gives. Returns what went wrong.
 async fn cell(lab: &Lab, op: Op, denied: &str, refuses: bool) -> Result<(), String> {
     let run = lab.run(op, denied);
     let lease = run.set_up().await;
@@ -549,7 +550,7 @@ async fn cell(lab: &Lab, op: Op, denied: &str, refuses: bool) -> Result<(), Stri
     let result = if !refuses {
         run.check_as_with_the_whole_rule(&got, &before, &after)
     } else if !matches!(&got, Got::Refused(code) if code == "ERR" || code == "NOPERM") {
-        Err(format!("{got:?}, not refused at once with ERR or NOPERM"))
+        Err(format!("{got:?}, not refused (ERR or NOPERM)"))
     } else {
         let mut checked = run.check_untouched(denied, &before, &after);
         if checked.is_ok() && is_acquire {
