@@ -1257,7 +1257,6 @@ async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_s
 /// subscribe anew and hear releases again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_subscription_cut_silently_is_found_dead_and_its_waiter_polls_then_hears_again() {
-    use dokebi_lock_redis::testing::SubscriptionState;
     use support::middlebox::{Drop, Flows};
     if support::external() {
         return;
@@ -1266,48 +1265,19 @@ async fn a_sharded_subscription_cut_silently_is_found_dead_and_its_waiter_polls_
     let intervals = [("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 60_000.0)];
     let d = common::notifying_driver(through_boxes(&boxes), "shard-cut", "per-key", &intervals);
     let holder = driver_on(cluster.nodes[0].url(), "shard-cut", "per-key");
-    let waiter = |d: &dokebi_lock_redis::Driver| {
-        let d = d.clone();
-        tokio::spawn(async move { d.acquire("k", Some(60_000), CancellationToken::new()).await })
+    let cut = || {
+        let cut: usize = boxes.iter().map(|mb| mb.cut(Flows::Subscribers, Drop::Silently)).sum();
+        assert_eq!(cut, 1, "the flow to the key's node that carries its SSUBSCRIBE");
     };
-
-    let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
-    let waiting = waiter(&d);
-    eventually("the sharded subscription", Duration::from_secs(5), || {
-        d.subscription_state() == SubscriptionState::Live
-    })
+    common::a_silent_cut_is_found_then_polled_then_heard_again(
+        &d,
+        &holder,
+        "k",
+        cut,
+        Duration::from_secs(4), // five times one interval and one unanswered PING
+        || true,
+    )
     .await;
-    let cut: usize = boxes.iter().map(|mb| mb.cut(Flows::Subscribers, Drop::Silently)).sum();
-    assert_eq!(cut, 1, "the flow to the key's node that carries its SSUBSCRIBE");
-    eventually("the dead subscription found", Duration::from_secs(4), || {
-        matches!(d.subscription_state(), SubscriptionState::Failed(_))
-    })
-    .await;
-    assert!(d.stats().dead_connections >= 1);
-    holder.release(&held).await.unwrap();
-    let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter polled")
-        .unwrap()
-        .unwrap();
-    d.release(&lease).await.unwrap();
-
-    let heard_before = d.stats().notifications_received;
-    let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(6)).await; // the resubscribe rule's 5 s
-    let waiting = waiter(&d);
-    eventually("a new subscription", Duration::from_secs(10), || {
-        d.subscription_state() == SubscriptionState::Live
-    })
-    .await;
-    holder.release(&held).await.unwrap();
-    let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter heard the release")
-        .unwrap()
-        .unwrap();
-    assert!(d.stats().notifications_received > heard_before, "heard again");
-    d.release(&lease).await.unwrap();
     d.shutdown().await.unwrap();
     holder.shutdown().await.unwrap();
 }
