@@ -202,10 +202,27 @@ export interface KeepAliveOptions {
   everyMs?: number | undefined
 }
 
+export interface WithLockOptions extends AcquireOptions {
+  /** Given: the lease is kept alive this long at most while `fn` runs (`keepAlive`'s rule). */
+  maxHoldMs?: number | undefined
+  /** Only with `maxHoldMs`: `keepAlive`'s `everyMs`. */
+  everyMs?: number | undefined
+}
+
 /** `await using backend = createRedisLockDriver(…)` calls `shutdown()` at the end of the block. */
 export interface LockDriver extends AsyncDisposable {
   readonly driver: 'redis'
   acquire(key: string, options?: AcquireOptions): Promise<Lease>
+  /**
+   * Acquires as `acquire` does (same errors; `fn` never runs then), starts
+   * `lease.keepAlive({ maxHoldMs, everyMs })` when `maxHoldMs` is given, runs `fn(lease)` —
+   * whose work should obey `lease.signal` — and releases, whether `fn` resolved or threw.
+   * Resolves with `fn`'s value or rejects with `fn`'s error: a release that fails afterwards
+   * goes on by token in the background and is logged (warn `LOCK_RELEASE_FAILED`).
+   * Bad options: INVALID_OPTIONS before anything is sent. An extension, not part of the
+   * `@dokebi/lock` contract.
+   */
+  withLock<T>(key: string, fn: (lease: Lease) => T | Promise<T>, options?: WithLockOptions): Promise<T>
   /** Releases every tracked lease; rejects with CLEANUP_TIMEOUT or CLEANUP_FAILED. */
   shutdown(): Promise<void>
   /** Counters of this backend, cheap enough to poll for metrics. Not part of the LockDriver contract. */

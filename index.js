@@ -218,6 +218,18 @@ class Lease {
 }
 
 const ACQUIRE_OPTIONS = new Set(['signal', 'waitTimeoutMs'])
+const WITH_LOCK_OPTIONS = new Set([...ACQUIRE_OPTIONS, 'maxHoldMs', 'everyMs'])
+
+function checkFields(what, options, known) {
+  if (options === null || typeof options !== 'object') throw invalidOptions(`${what} must be an object`)
+  for (const name of Object.keys(options)) {
+    if (!known.has(name)) {
+      // The field's name is the caller's code, not a secret: naming it makes the typo findable.
+      const shown = name.replace(/\p{Cc}/gu, '').slice(0, 64)
+      throw invalidOptions(`${what} has an unknown field '${shown}'; known fields: ${[...known].join(', ')}`)
+    }
+  }
+}
 
 function createRedisLockDriver(connection, options, logger) {
   if (logger != null && typeof logger !== 'object' && typeof logger !== 'function') {
@@ -235,16 +247,7 @@ function createRedisLockDriver(connection, options, logger) {
   }
 
   async function acquireLease(key, acquireOptions = {}) {
-    if (acquireOptions === null || typeof acquireOptions !== 'object') {
-      throw invalidOptions('acquire options must be an object')
-    }
-    for (const name of Object.keys(acquireOptions)) {
-      if (!ACQUIRE_OPTIONS.has(name)) {
-        // The field's name is the caller's code, not a secret: naming it makes the typo findable.
-        const shown = name.replace(/\p{Cc}/gu, '').slice(0, 64)
-        throw invalidOptions(`acquire options has an unknown field '${shown}'; known fields: signal, waitTimeoutMs`)
-      }
-    }
+    checkFields('acquire options', acquireOptions, ACQUIRE_OPTIONS)
     const { signal, waitTimeoutMs } = acquireOptions
     if (signal !== undefined && !(signal instanceof AbortSignal)) {
       throw invalidOptions('acquire options.signal must be an AbortSignal')
@@ -268,6 +271,51 @@ function createRedisLockDriver(connection, options, logger) {
     throw toLockError(result, signal)
   }
 
+  // acquire, an optional bounded keep-alive, fn(lease), release: whatever fn does. A release
+  // that fails after fn settled does not replace fn's outcome: the driver goes on releasing
+  // by token in the background, as after any failed release, and the warn event says so.
+  async function withLock(key, fn, options = {}) {
+    if (typeof fn !== 'function') throw invalidOptions('withLock needs a function to run under the lock')
+    checkFields('withLock options', options, WITH_LOCK_OPTIONS)
+    const { signal, waitTimeoutMs, maxHoldMs, everyMs } = options
+    let keepAlive
+    if (maxHoldMs !== undefined) {
+      keepAlive = everyMs === undefined ? { maxHoldMs } : { maxHoldMs, everyMs }
+      const failed = backend.checkKeepAlive(keepAlive)
+      if (failed) throw toLockError(failed)
+    } else if (everyMs !== undefined) {
+      throw invalidOptions('withLock options.everyMs needs maxHoldMs')
+    }
+    const acquireOptions = {}
+    if (signal !== undefined) acquireOptions.signal = signal
+    if (waitTimeoutMs !== undefined) acquireOptions.waitTimeoutMs = waitTimeoutMs
+    const lease = await acquire(key, acquireOptions)
+    let value
+    try {
+      if (keepAlive) lease.keepAlive(keepAlive)
+      value = await fn(lease)
+    } catch (err) {
+      await releaseAfter(lease)
+      throw err
+    }
+    await releaseAfter(lease)
+    return value
+  }
+
+  async function releaseAfter(lease) {
+    try {
+      await lease.release()
+    } catch (cause) {
+      warn({ code: 'LOCK_RELEASE_FAILED', cause }, 'withLock could not confirm its release; it goes on by token in the background')
+    }
+  }
+
+  function warn(fields, message) {
+    try {
+      logger?.warn?.(fields, message)
+    } catch {}
+  }
+
   async function shutdown() {
     const failed = await backend.shutdown()
     if (failed) throw toLockError(failed)
@@ -280,7 +328,7 @@ function createRedisLockDriver(connection, options, logger) {
   }
 
   // `await using backend = createRedisLockDriver(…)` shuts it down at the end of the block.
-  return Object.freeze({ driver: 'redis', acquire, shutdown, stats, [Symbol.asyncDispose]: shutdown })
+  return Object.freeze({ driver: 'redis', acquire, withLock, shutdown, stats, [Symbol.asyncDispose]: shutdown })
 }
 
 module.exports = { createRedisLockDriver, parseRedisLockBackend, LockError, LockErrorCode }

@@ -60,10 +60,6 @@ function codeBlocks(markdown) {
 const read = (page) => readFileSync(path.join(repo, page), 'utf8')
 const blockName = (page, block, ext) => `${page.replace(/[^A-Za-z0-9]+/g, '-')}-L${block.line}.${ext}`
 
-// The driver in this tree may predate withLock (it is being added beside these docs): its
-// blocks are skipped, loudly, until index.js has it.
-const hasWithLock = /\bwithLock\s*\(/.test(read('index.js'))
-const withLockSkip = (block) => !hasWithLock && !block.fragment && /\bwithLock\b/.test(block.code) && 'index.js has no withLock yet'
 
 let scratch
 let redis
@@ -85,7 +81,7 @@ describe('every JavaScript block of README.md, AI.md and docs/ runs and exits by
   for (const page of CODE_PAGES) {
     for (const block of codeBlocks(read(page)).filter((b) => RUN_LANGS.has(b.lang))) {
       const title = `${page}:${block.line}${block.fragment ? ' (fragment: parsed only)' : ''}`
-      test(title, { skip: withLockSkip(block) }, async () => {
+      test(title, async () => {
         const file = path.join(scratch, blockName(page, block, 'mjs'))
         if (block.fragment) {
           writeFileSync(file, block.code)
@@ -107,7 +103,6 @@ test('every TypeScript block of README.md, AI.md and docs/ passes a strict type 
   const files = []
   for (const page of CODE_PAGES) {
     for (const block of codeBlocks(read(page)).filter((b) => TYPE_LANGS.has(b.lang))) {
-      if (withLockSkip(block)) continue
       const name = blockName(page, block, 'mts')
       writeFileSync(path.join(scratch, name), block.code)
       files.push(name)

@@ -462,6 +462,13 @@ impl NativeDriver {
         }
     }
 
+    /// `withLock`'s keep-alive options, checked before the acquire: null, or INVALID_OPTIONS.
+    #[napi]
+    pub fn check_keep_alive(&self, options: Unknown) -> Result<Option<NativeError>> {
+        let options = to_raw(&options, 0)?;
+        Ok(self.driver.check_keep_alive(&options).err().map(Into::into))
+    }
+
     /// `lease.keepAlive(options)`: the renewals run on the runtime; null when they started,
     /// else the error (INVALID_OPTIONS, LEASE_EXPIRED).
     #[napi]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{driver, url};
 use dokebi_lock_redis::testing::SubscriptionState;
 use dokebi_lock_redis::Driver;
-use dokebi_lock_redis::{parse_backend, parse_connection, Raw};
+use dokebi_lock_redis::{parse_backend, parse_connection, Outcome, Raw};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -120,4 +120,62 @@ async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_the_g
 
     let log = redis.command(&["ACL", "LOG"]);
     assert!(!log.contains("locker"), "ACL LOG has denials: {log}");
+}
+
+/// Issue 34: an ACL written by category grants every command the scripts call but `TIME`
+/// (only in `@fast`). The first acquire of a key then fails at once, even waiting, and leaves
+/// neither the lease nor a counter at 1 behind; README says to add `+time`, and with it the
+/// next acquire draws a fence seeded from TIME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_written_by_category_refuses_a_new_keys_acquire_and_leaves_nothing_until_time_is_added(
+) {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start_with_args(&["--maxmemory-policy", "noeviction"]);
+    let by_category = [
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">s3cret",
+        "resetkeys",
+        "~locks:*",
+        "resetchannels",
+        "&locks:lock-released",
+        "-@all",
+        "+@read",
+        "+@write",
+        "+@scripting",
+        "+@pubsub",
+        "+@connection",
+    ];
+    assert!(redis.command(&by_category).starts_with("+OK"));
+    let user_url = redis.url().replace("redis://", "redis://locker:s3cret@");
+    let d = driver(url(&user_url), "locks", &[]);
+    let keys = dokebi_lock_redis::testing::KeyNames::new("locks", "job");
+
+    for wait_ms in [0, 5_000] {
+        let started = std::time::Instant::now();
+        let err = d.acquire("job", Some(wait_ms), CancellationToken::new()).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(1), "refused at once, waiting {wait_ms}");
+        let cause = err.cause.as_ref().expect("the Redis refusal");
+        assert_eq!(
+            (err.code, cause.outcome, cause.retryable()),
+            (dokebi_lock_redis::LockErrorCode::ProviderFailed, Outcome::Rejected, false)
+        );
+        assert_eq!(
+            common::value(&redis.command(&["EXISTS", &keys.lock, &keys.fence])),
+            "0",
+            "neither the lease nor the counter is left"
+        );
+    }
+
+    assert!(redis.command(&["ACL", "SETUSER", "locker", "+time"]).starts_with("+OK"));
+    let seconds: u128 = common::value(&redis.command(&["TIME"])).parse().unwrap();
+    let lease = d.acquire("job", Some(0), CancellationToken::new()).await.unwrap();
+    let fence: u128 = lease.fence.parse().unwrap();
+    assert!(fence > seconds * 1_000_000 && fence % 1000 == 1, "seeded from TIME: {fence}");
+    assert!(d.release(&lease).await.unwrap());
+    d.shutdown().await.unwrap();
 }

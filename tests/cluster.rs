@@ -1184,16 +1184,10 @@ async fn a_stopped_url_node_stops_no_shard_once_its_replica_takes_over_per_key()
     a_stopped_url_node_stops_no_shard("per-key").await;
 }
 
-/// Every node's flows are dropped without a word while the driver is idle (each node
-/// announces a middlebox's port, so the driver reaches it only through one): the Cluster
-/// connection's PING to the masters finds it, and the next acquire on every shard runs on
-/// new connections instead of being handed to a dead flow (issue 34; decision 0172).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_shard() {
-    use support::middlebox::{Drop, Flows, Middlebox};
-    if support::external() {
-        return;
-    }
+/// A Cluster whose every node announces the port of a middlebox in front of it, so the
+/// driver reaches each node only through one (issue 34).
+async fn cluster_behind_middleboxes() -> (Cluster, Vec<support::middlebox::Middlebox>) {
+    use support::middlebox::Middlebox;
     let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
     let boxes: Vec<Middlebox> = cluster.nodes.iter().map(|n| Middlebox::start(n.port)).collect();
     for (node, mb) in cluster.nodes.iter().zip(&boxes) {
@@ -1208,16 +1202,33 @@ async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_s
         cluster.nodes.iter().all(announced)
     })
     .await;
+    (cluster, boxes)
+}
+
+/// The connection fields of a driver reaching `boxes`' Cluster, with quick liveness PINGs.
+fn through_boxes(boxes: &[support::middlebox::Middlebox]) -> Raw {
     let url = format!("redis://127.0.0.1:{}", boxes[0].port());
-    let conn = connection(
+    connection(
         &url,
         &[
             ("cluster", Raw::Bool(true)),
             ("pingIntervalMs", Raw::Number(300.0)),
             ("commandTimeoutMs", Raw::Number(500.0)),
         ],
-    );
-    let d = driver(conn, "cut", &[]);
+    )
+}
+
+/// Every node's flows are dropped without a word while the driver is idle: the Cluster
+/// connection's PING to the masters finds it, and the next acquire on every shard runs on
+/// new connections instead of being handed to a dead flow (issue 34; decision 0172).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_shard() {
+    use support::middlebox::{Drop, Flows};
+    if support::external() {
+        return;
+    }
+    let (cluster, boxes) = cluster_behind_middleboxes().await;
+    let d = driver(through_boxes(&boxes), "cut", &[]);
     let keys = key_per_master(&cluster, "cut");
     for key in &keys {
         let lease = d.acquire(key, Some(0), CancellationToken::new()).await.unwrap();
@@ -1226,6 +1237,7 @@ async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_s
     for mb in &boxes {
         mb.cut(Flows::All, Drop::Silently);
     }
+    // Five times one interval and one unanswered PING.
     eventually("the dropped flows found", Duration::from_secs(4), || {
         d.stats().dead_connections >= 1
     })
@@ -1237,4 +1249,35 @@ async fn an_idle_cluster_connection_whose_flows_were_dropped_acquires_on_every_s
         assert!(d.release(&lease).await.unwrap());
     }
     d.shutdown().await.unwrap();
+}
+
+/// Per key in a Cluster, the sharded subscription's flow is cut silently while a waiter
+/// waits: its PING finds it, the subscription turns failed and the waiter gets the lock by
+/// polling (not after notifyPollIntervalMs, a minute here); waiters coming back later
+/// subscribe anew and hear releases again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_subscription_cut_silently_is_found_dead_and_its_waiter_polls_then_hears_again() {
+    use support::middlebox::{Drop, Flows};
+    if support::external() {
+        return;
+    }
+    let (cluster, boxes) = cluster_behind_middleboxes().await;
+    let intervals = [("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 60_000.0)];
+    let d = common::notifying_driver(through_boxes(&boxes), "shard-cut", "per-key", &intervals);
+    let holder = driver_on(cluster.nodes[0].url(), "shard-cut", "per-key");
+    let cut = || {
+        let cut: usize = boxes.iter().map(|mb| mb.cut(Flows::Subscribers, Drop::Silently)).sum();
+        assert_eq!(cut, 1, "the flow to the key's node that carries its SSUBSCRIBE");
+    };
+    common::a_silent_cut_is_found_then_polled_then_heard_again(
+        &d,
+        &holder,
+        "k",
+        cut,
+        Duration::from_secs(4), // five times one interval and one unanswered PING
+        || true,
+    )
+    .await;
+    d.shutdown().await.unwrap();
+    holder.shutdown().await.unwrap();
 }

@@ -6,12 +6,10 @@
 mod common;
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{connection, eventually, notifying_driver};
-use dokebi_lock_redis::testing::SubscriptionState;
-use dokebi_lock_redis::{Driver, Lease, LockError, LockErrorCode, Raw};
+use dokebi_lock_redis::{LockErrorCode, Raw};
 use support::middlebox::{Drop, Flows, Middlebox};
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -31,11 +29,6 @@ fn through(mb: &Middlebox, redis: &RedisServer, ping_ms: f64) -> Raw {
             ("commandTimeoutMs", Raw::Number(COMMAND_TIMEOUT_MS)),
         ],
     )
-}
-
-fn waiter(d: &Driver, key: &str) -> tokio::task::JoinHandle<Result<Arc<Lease>, LockError>> {
-    let (d, key) = (d.clone(), key.to_owned());
-    tokio::spawn(async move { d.acquire(&key, Some(60_000), CancellationToken::new()).await })
 }
 
 /// The waiters' subscription is cut silently while they keep coming: it is found dead within
@@ -58,48 +51,16 @@ async fn a_subscription_cut_silently_is_found_dead_and_its_waiters_poll_then_hea
             &[("pollIntervalMs", 20.0), ("notifyPollIntervalMs", 60_000.0)],
         );
 
-        let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
-        let waiting = waiter(&d, "k");
-        eventually("the subscription", Duration::from_secs(5), || {
-            d.subscription_state() == SubscriptionState::Live
-        })
+        let found_after = common::a_silent_cut_is_found_then_polled_then_heard_again(
+            &d,
+            &holder,
+            "k",
+            || assert_eq!(mb.cut(Flows::Subscribers, Drop::Silently), 1, "{mode}"),
+            FOUND_WITHIN,
+            || mb.live_subscribers() == 1,
+        )
         .await;
-        assert_eq!(mb.cut(Flows::Subscribers, Drop::Silently), 1, "{mode}");
-        let cut_at = Instant::now();
-        eventually("the dead subscription found", FOUND_WITHIN, || {
-            matches!(d.subscription_state(), SubscriptionState::Failed(_))
-        })
-        .await;
-        let found_after = cut_at.elapsed();
         assert!(mb.pings_into_cut() >= 1, "{mode}: found by its PING");
-        assert_eq!(d.stats().dead_connections, 1, "{mode}");
-
-        // Released while nobody can hear it: the waiter polls (20 ms), not a minute.
-        holder.release(&held).await.unwrap();
-        let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
-            .await
-            .expect("the waiter polled")
-            .unwrap()
-            .unwrap();
-        d.release(&lease).await.unwrap();
-
-        // Waiters come back more than 5 s later: a new subscription, on a new flow.
-        let heard_before = d.stats().notifications_received;
-        let held = holder.acquire("k", None, CancellationToken::new()).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(6)).await; // the resubscribe rule's 5 s
-        let waiting = waiter(&d, "k");
-        eventually("a new subscription", Duration::from_secs(10), || {
-            d.subscription_state() == SubscriptionState::Live && mb.live_subscribers() == 1
-        })
-        .await;
-        holder.release(&held).await.unwrap();
-        let lease = tokio::time::timeout(Duration::from_secs(10), waiting)
-            .await
-            .expect("the waiter heard the release")
-            .unwrap()
-            .unwrap();
-        assert!(d.stats().notifications_received > heard_before, "{mode}: heard again");
-        d.release(&lease).await.unwrap();
         eprintln!("{mode}: a silent cut of the subscription was found after {found_after:?}");
         d.shutdown().await.unwrap();
         holder.shutdown().await.unwrap();

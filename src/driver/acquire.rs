@@ -13,13 +13,15 @@ use super::{internal_error, too_many_leases, Driver};
 use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;
-use crate::notify::sleep_until_opt;
+use crate::notify::{sleep_until_opt, Leaving};
 use crate::waiters::{InProgressGuard, Place};
 
 /// An acquire that passed the checks and holds its place in line.
 struct Admitted {
     _in_progress: InProgressGuard,
     place: Place,
+    /// After `place`, so it drops after the place leaves the line.
+    _leaving: Option<Leaving>,
     keys: Arc<KeyNames>,
     wait_ms: u32,
     deadline: Instant,
@@ -73,6 +75,7 @@ impl Driver {
         Ok(Admitted {
             _in_progress: in_progress,
             place,
+            _leaving: inner.notify.leaving(&keys.hash, &inner.lines),
             keys,
             wait_ms,
             deadline: Instant::now() + Duration::from_millis(wait_ms.into()),

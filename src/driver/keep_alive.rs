@@ -28,6 +28,13 @@ impl Driver {
     }
 
     #[doc(hidden)] // for the binding (and the crate's tests), not API
+    /// Checks keep-alive options as [`Driver::keep_alive_by_id`] would, before any lease:
+    /// `withLock` refuses bad ones before it sends anything.
+    pub fn check_keep_alive(&self, options: &Raw) -> Result<(), LockError> {
+        self.counted(parse_keep_alive(options, self.inner.options.lease_ms)).map(|_| ())
+    }
+
+    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::keep_alive`] by id, with its options as JS gave them: INVALID_OPTIONS
     /// before anything else.
     pub fn keep_alive_by_id(

@@ -175,6 +175,13 @@ impl Driver {
         self.inner.notify.subscribed_keys()
     }
 
+    #[doc(hidden)] // for the crate's tests, not API
+    /// The release-notification tracker's entries: keys tracked, and entries over all its
+    /// collections (what its memory grows with).
+    pub fn notify_tracked(&self) -> (usize, usize) {
+        self.inner.notify.tracked()
+    }
+
     /// Staggered head-start steps this backend's waiters gave other processes (decision
     /// 0070): what fairness cost its hand-offs.
     pub fn head_start_steps(&self) -> u64 {

@@ -371,7 +371,7 @@ fn unsupported(shared: &Shared, lines: &Lines) {
 /// failure says nothing about a healthy one (decision 0111).
 fn failed(shared: &Shared, failure: RedisFailure) -> Instant {
     let mut state = shared.lock();
-    state.channels.resend_all();
+    state.channels.connection_lost();
     events::notify_failed(shared.driver_id, &failure);
     let at = Instant::now();
     state.conn = SubscriptionState::Failed(at);

@@ -78,6 +78,9 @@ struct Shared {
     state: Mutex<State>,
     /// Keys wait to be sent.
     kick: Notify,
+    /// False only while nothing is tracked: an acquire that ends then has nothing to tell
+    /// (set under the state lock when a key is registered, cleared there once none is left).
+    tracking: AtomicBool,
     received: AtomicU64,
     subscriptions: AtomicU64,
 }
@@ -111,6 +114,7 @@ impl Notifications {
                 channels: tracker::Tracker::default(),
             }),
             kick: Notify::new(),
+            tracking: AtomicBool::new(false),
             received: AtomicU64::new(0),
             subscriptions: AtomicU64::new(0),
         }))
@@ -140,6 +144,7 @@ impl Notifications {
             }
         };
         let new = state.channels.register(shared.mode.key_of(hash));
+        shared.tracking.store(true, Ordering::Release);
         if start {
             state.conn = SubscriptionState::Starting;
             drop(state);
@@ -153,6 +158,24 @@ impl Notifications {
             drop(state);
             shared.kick.notify_one();
         }
+    }
+
+    /// What an acquire of `hash` leaves behind: dropped after its place in line, so that a
+    /// key whose last waiter left is forgotten at once, whatever the subscription's state
+    /// (issue 34, decision 0168). None on the namespace channel, which is one entry at most.
+    pub(crate) fn leaving(&self, hash: &Arc<str>, lines: &Arc<Lines>) -> Option<Leaving> {
+        self.0.mode.is_per_key().then(|| Leaving {
+            shared: self.0.clone(),
+            hash: hash.clone(),
+            lines: lines.clone(),
+        })
+    }
+
+    /// Entries of the tracker: (keys, over all its collections). For tests: both stay
+    /// bounded by the keys waited on (issue 34).
+    pub(crate) fn tracked(&self) -> (usize, usize) {
+        let state = self.0.lock();
+        (state.channels.len(), state.channels.footprint())
     }
 
     /// A release of `hash` would be heard here now (per key: its subscription is confirmed).
@@ -197,6 +220,31 @@ impl Notifications {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
+    }
+}
+
+/// See [`Notifications::leaving`].
+pub(crate) struct Leaving {
+    shared: Arc<Shared>,
+    hash: Arc<str>,
+    lines: Arc<Lines>,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        if !shared.tracking.load(Ordering::Acquire) {
+            return;
+        }
+        let mut state = shared.lock();
+        // Decided under the state lock, as the sweep's: a waiter that joins the line now
+        // registers the key under it after this, so it is tracked again if forgotten here.
+        if !shared.mode.in_use(&self.lines, &self.hash) {
+            state.channels.left(shared.mode.key_of_str(&self.hash));
+        }
+        if state.channels.is_empty() {
+            shared.tracking.store(false, Ordering::Release);
+        }
     }
 }
 

@@ -394,7 +394,6 @@ async fn shard_command(
     result
 }
 
-/// The subscription connection ended.
 /// The connection did not answer a liveness PING in time: a flow dropped without a word.
 pub(super) fn unanswered() -> RedisFailure {
     RedisFailure::new(
@@ -404,6 +403,7 @@ pub(super) fn unanswered() -> RedisFailure {
     )
 }
 
+/// The subscription connection ended.
 pub(super) fn lost() -> RedisFailure {
     RedisFailure::new(
         RedisErrorCode::ConnectionLost,

@@ -5,8 +5,13 @@
 //! Work is proportional to the keys it concerns: new keys wait in a queue, and the moments
 //! a confirmed key is looked at again sit in an ordered map, so a batch, a confirmation or a
 //! sweep touches only its own keys, never the whole set (issue 22, item 5).
+//!
+//! Size is bounded by the keys waited on, whatever the subscription's state (issue 34, item
+//! 4; decision 0168): a key is forgotten the moment its last waiter leaves unless something
+//! of it is on a connection (a SUBSCRIBE in flight, a subscription or a verdict), and such a
+//! key is let go by the sweep, or at once when the connection goes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,9 @@ pub(crate) const GRACE: Duration = Duration::from_secs(1);
 /// it is waited on (decision 0160): its slot may have moved to a node that judges otherwise,
 /// and no push says so.
 pub(crate) const REJUDGE: Duration = Duration::from_secs(5);
+
+/// Forgotten keys the send queue may keep beyond twice the keys tracked before it is cleaned.
+const PENDING_SLACK: usize = 16;
 
 /// Which pub/sub carries a key's releases to this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +83,9 @@ struct Entry {
     due: Option<(Instant, u64)>,
     /// When it is judged again (classic or deaf only).
     rejudge_at: Option<Instant>,
+    /// Its last waiter left while it was on the connection: forgotten when the connection
+    /// goes, if no waiter registered it again meanwhile.
+    unwaited: bool,
 }
 
 impl Entry {
@@ -86,7 +97,13 @@ impl Entry {
             idle_since: None,
             due: None,
             rejudge_at: None,
+            unwaited: false,
         }
+    }
+
+    /// Nothing of it is on a connection: forgetting it undoes nothing and loses no answer.
+    fn off_connection(&self) -> bool {
+        self.queue != Queue::Sent && !self.held.any() && self.heard.is_none()
     }
 }
 
@@ -127,8 +144,30 @@ impl Tracker {
             }
             Some(entry) => {
                 entry.idle_since = None;
+                entry.unwaited = false;
                 false
             }
+        }
+    }
+
+    /// The last waiter of `hash` left. Forgotten at once when nothing of it is on a
+    /// connection: while the subscription is down nothing else would ever let it go (issue
+    /// 34). Otherwise the sweep lets it go a grace period later, or the connection's end.
+    pub(super) fn left(&mut self, hash: &str) {
+        let Some(entry) = self.keys.get_mut(hash) else { return };
+        if !entry.off_connection() {
+            entry.unwaited = true;
+            return;
+        }
+        self.remove(hash);
+        // The queue keeps a forgotten key until a batch skips it, and no batch is taken
+        // while the subscription is down: drop such leftovers once they outnumber the keys.
+        if self.pending.len() > 2 * self.keys.len() + PENDING_SLACK {
+            let (keys, mut seen) = (&self.keys, HashSet::new());
+            self.pending.retain(|hash| {
+                keys.get(hash).is_some_and(|e| e.queue == Queue::Pending)
+                    && seen.insert(hash.clone())
+            });
         }
     }
 
@@ -239,6 +278,13 @@ impl Tracker {
 
     /// A new connection: nothing is held on it, and every key is sent again.
     pub(super) fn new_connection(&mut self) {
+        self.connection_lost();
+    }
+
+    /// The connection is gone: nothing is held, a key whose waiters left is forgotten, and
+    /// every other key is sent again on the next connection.
+    pub(super) fn connection_lost(&mut self) {
+        self.keys.retain(|_, entry| !entry.unwaited);
         self.resend_all();
         self.due.clear();
         for entry in self.keys.values_mut() {
@@ -375,6 +421,17 @@ impl Tracker {
 
     pub(super) fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Keys tracked.
+    pub(super) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Entries over all its collections (keys, the send queue, the timers): what its memory
+    /// grows with.
+    pub(super) fn footprint(&self) -> usize {
+        self.keys.len() + self.pending.len() + self.due.len() + self.rejudge.len()
     }
 
     pub(super) fn clear(&mut self) {
@@ -606,5 +663,100 @@ mod tests {
         t.sweep(now(), |_| Usage::Idle);
         advance(GRACE).await;
         assert_eq!(t.sweep(now(), |_| Usage::Idle), vec![(key("c"), HELD_CLASSIC)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_whose_last_waiter_left_before_it_was_sent_is_forgotten_at_once() {
+        let mut t = Tracker::default();
+        t.register(&key("gone"));
+        t.register(&key("here"));
+        t.left("gone");
+        assert_eq!(t.len(), 1);
+        assert!(t.register(&key("gone")), "a new waiter registers it again, as new");
+        let mut batch = sent(&mut t);
+        batch.sort();
+        assert_eq!(batch, vec![key("gone"), key("here")], "each sent once");
+    }
+
+    /// Issue 34: with the subscription down (maxclients, a proxy's error) no batch is taken
+    /// and no sweep runs, yet each key goes with its last waiter, and the send queue does
+    /// not keep what was forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn ten_thousand_keys_waited_on_one_after_another_while_the_subscription_is_down_leave_nothing_behind(
+    ) {
+        let mut t = Tracker::default();
+        t.connection_lost();
+        const AT_ONCE: usize = 4;
+        let mut most = 0;
+        for i in 0..10_000 {
+            t.register(&key(&i.to_string()));
+            if i % 500 == 0 {
+                // The retry 5 s after a failure, which fails again.
+                t.connection_lost();
+            }
+            if i >= AT_ONCE - 1 {
+                t.left(&(i + 1 - AT_ONCE).to_string());
+            }
+            assert!(t.len() <= AT_ONCE, "{} keys tracked with {AT_ONCE} waited on", t.len());
+            most = most.max(t.footprint());
+        }
+        for i in 10_000 - (AT_ONCE - 1)..10_000 {
+            t.left(&i.to_string());
+        }
+        assert!(t.is_empty());
+        assert!(most <= 2 * AT_ONCE + 2 * AT_ONCE + PENDING_SLACK + 1, "footprint {most}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_left_while_its_subscribe_is_in_flight_keeps_its_answer_and_goes_with_the_connection(
+    ) {
+        let mut t = Tracker::default();
+        t.register(&key("a"));
+        sent(&mut t);
+        t.left("a");
+        assert_eq!(t.len(), 1, "its SUBSCRIBE's answer is still to come");
+        assert!(t.judged(&key("a"), Some(CLASSIC), HELD_CLASSIC, now()));
+        t.connection_lost();
+        assert!(t.is_empty(), "its subscription went with the connection");
+
+        t.register(&key("b"));
+        sent(&mut t);
+        t.left("b");
+        t.connection_lost();
+        assert!(t.is_empty(), "the connection went before the answer");
+        assert!(!t.judged(&key("b"), Some(CLASSIC), HELD_CLASSIC, now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_waited_on_again_before_the_connection_goes_is_sent_again_on_the_next() {
+        let mut t = Tracker::default();
+        t.register(&key("a"));
+        sent(&mut t);
+        t.left("a");
+        assert!(!t.register(&key("a")), "known: no second SUBSCRIBE");
+        t.connection_lost();
+        assert_eq!(t.take_batch(usize::MAX, now(), |_| true), vec![(key("a"), Held::default())]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscribed_key_whose_waiters_left_is_let_go_by_the_sweep_a_grace_period_later() {
+        let mut t = Tracker::default();
+        live(&mut t, &["a"]);
+        t.left("a");
+        assert!(t.is_live("a"), "a waiter within the grace period needs no SUBSCRIBE");
+        advance(GRACE).await;
+        assert!(t.sweep(now(), |_| Usage::Idle).is_empty());
+        advance(GRACE).await;
+        assert_eq!(t.sweep(now(), |_| Usage::Idle), vec![(key("a"), HELD_SHARDED)]);
+        assert!(t.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_connection_holds_nothing_and_its_keys_still_waited_on_go_out_again() {
+        let mut t = Tracker::default();
+        live(&mut t, &["a"]);
+        t.connection_lost();
+        assert_eq!((t.live(), t.next_due()), (0, None));
+        assert_eq!(t.take_batch(usize::MAX, now(), |_| true), vec![(key("a"), Held::default())]);
     }
 }

@@ -18,14 +18,22 @@ if not taken then
   return redis.call('PTTL', KEYS[1])
 end
 
--- Takes the lease back before the script answers with an error, with the very command that
--- just succeeded on this key, so an ACL that denies DEL cannot keep it. An expiry in the
--- past removes the key at once (PXAT needs Redis 6.2; before that, 1 ms).
-local function undo(err)
-  local gone = redis.pcall('SET', KEYS[1], ARGV[1], 'XX', 'PXAT', 1)
+-- Removes a key this script just wrote, with the command that just succeeded on the lease
+-- (SET), so an ACL that denies DEL cannot keep it; DEL only where SET itself was refused.
+-- An expiry in the past removes the key at once (PXAT needs Redis 6.2; before that, 1 ms).
+local function drop(key, value)
+  local gone = redis.pcall('SET', key, value, 'XX', 'PXAT', 1)
   if type(gone) == 'table' and gone.err then
-    redis.pcall('SET', KEYS[1], ARGV[1], 'XX', 'PX', 1)
+    gone = redis.pcall('SET', key, value, 'XX', 'PX', 1)
   end
+  if type(gone) == 'table' and gone.err then
+    redis.pcall('DEL', key)
+  end
+end
+
+-- A script never answers with an error after it wrote: the lease is taken back first.
+local function undo(err)
+  drop(KEYS[1], ARGV[1])
   return err
 end
 
@@ -35,9 +43,16 @@ if type(fence) == 'table' then
 end
 if fence == 1 then
   -- The counter was missing (first use, expired, or Redis lost data): it starts at TIME ms
-  -- x 1000, so new fences stay above any handed out before (D-0041). Built as a string: Lua
-  -- numbers are doubles and tostring prints them with %.14g.
-  local t = redis.call('TIME')
+  -- x 1000, so new fences stay above any handed out before (D-0041). TIME only here, not
+  -- before the first write, keeps the common path at two commands. Refused (TIME is only in
+  -- @fast: an ACL written by category lacks it), the counter INCR just created goes back
+  -- with the lease, or it would hand out 2, 3, ... unseeded (decision 0164).
+  local t = redis.pcall('TIME')
+  if t.err then
+    drop(KEYS[2], '0')
+    return undo(t)
+  end
+  -- Built as a string: Lua numbers are doubles and tostring prints them with %.14g.
   local seed = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '001'
   local seeded
   if ARGV[3] then
@@ -47,8 +62,8 @@ if fence == 1 then
   end
   if type(seeded) == 'table' and seeded.err then
     -- The counter INCR just created at 1 would make the next acquire draw 2: take it back
-    -- too, so the next one seeds again (where the same ACL allows DEL).
-    redis.pcall('DEL', KEYS[2])
+    -- too, so the next one seeds again.
+    drop(KEYS[2], '0')
     return undo(seeded)
   end
   return seed
@@ -58,4 +73,10 @@ end
 if fence < 9007199254740992 then
   return string.format('%.0f', fence)
 end
-return redis.call('GET', KEYS[2])
+-- A refused GET answers its error with the lease taken back; the counter keeps the step
+-- INCR drew, a fence no one holds: fences only need to rise (decision 0164).
+local exact = redis.pcall('GET', KEYS[2])
+if type(exact) == 'table' and exact.err then
+  return undo(exact)
+end
+return exact

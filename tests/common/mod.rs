@@ -154,3 +154,61 @@ pub(crate) fn recorded_codes() -> &'static std::sync::Mutex<Vec<(u64, String)>> 
         std::sync::Mutex::new(Vec::new())
     })
 }
+
+/// Issue 34's silent cut of a subscription, in any mode: `d` (pollIntervalMs short,
+/// notifyPollIntervalMs a minute) waits on `key`, which `holder` holds, until its
+/// subscription is live; `cut` drops that subscription's flow without a word. The dead
+/// subscription must be found within `found_within` (`stats()` says `failed` and counts it),
+/// the waiter must get the lock by polling, and waiters that come back after the resubscribe
+/// rule's 5 s must subscribe anew (`resubscribed` too) and hear a release again. Returns how
+/// long finding it took.
+pub(crate) async fn a_silent_cut_is_found_then_polled_then_heard_again(
+    d: &Driver,
+    holder: &Driver,
+    key: &str,
+    cut: impl FnOnce(),
+    found_within: Duration,
+    resubscribed: impl Fn() -> bool,
+) -> Duration {
+    use dokebi_lock_redis::testing::SubscriptionState;
+    use tokio_util::sync::CancellationToken;
+    let waiter = || {
+        let (d, key) = (d.clone(), key.to_owned());
+        tokio::spawn(async move { d.acquire(&key, Some(60_000), CancellationToken::new()).await })
+    };
+    let held = holder.acquire(key, None, CancellationToken::new()).await.unwrap();
+    let waiting = waiter();
+    eventually("the subscription", Duration::from_secs(5), || {
+        d.subscription_state() == SubscriptionState::Live
+    })
+    .await;
+    cut();
+    let cut_at = Instant::now();
+    eventually("the dead subscription found", found_within, || {
+        matches!(d.subscription_state(), SubscriptionState::Failed(_))
+    })
+    .await;
+    let found_after = cut_at.elapsed();
+    assert!(d.stats().dead_connections >= 1, "found by its PING");
+
+    // Released while nobody can hear it: the waiter polls, not a minute.
+    holder.release(&held).await.unwrap();
+    let polled = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    let lease = polled.expect("the waiter polled").unwrap().unwrap();
+    d.release(&lease).await.unwrap();
+
+    let heard_before = d.stats().notifications_received;
+    let held = holder.acquire(key, None, CancellationToken::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await; // the resubscribe rule's own 5 s
+    let waiting = waiter();
+    eventually("a new subscription", Duration::from_secs(10), || {
+        d.subscription_state() == SubscriptionState::Live && resubscribed()
+    })
+    .await;
+    holder.release(&held).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    let lease = heard.expect("the waiter heard the release").unwrap().unwrap();
+    assert!(d.stats().notifications_received > heard_before, "heard again");
+    d.release(&lease).await.unwrap();
+    found_after
+}
