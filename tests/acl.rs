@@ -124,7 +124,7 @@ async fn per_key_notifications_run_whole_as_the_least_privileged_user_with_the_g
 
 /// Issue 34: an ACL written by category grants every command the scripts call but `TIME`
 /// (only in `@fast`). The first acquire of a key then fails at once, even waiting, and leaves
-/// neither the lease nor a counter at 1 behind; README says to add `+time`, and with it the
+/// neither the lease nor a counter at 1 behind; docs/operations.md says to add `+time`, and with it the
 /// next acquire draws a fence seeded from TIME.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_written_by_category_refuses_a_new_keys_acquire_and_leaves_nothing_until_time_is_added(

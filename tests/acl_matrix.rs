@@ -1,4 +1,4 @@
-//! The ACL fault matrix (issue 34): every command a Lua script runs, denied alone to README's
+//! The ACL fault matrix (issue 34): every command a Lua script runs, denied alone to docs/operations.md's
 //! least-privilege user, under the operation that runs that script. CONTRACT.md: a script
 //! never answers with an error after it wrote, and refused permissions fail at once. So each
 //! cell's operation either runs as it does with the whole rule, or fails PROVIDER_FAILED
