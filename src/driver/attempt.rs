@@ -5,11 +5,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use super::Driver;
+use crate::clock::{self, Instant};
 use crate::connection::{Conn, ScriptCall};
 use crate::error::{Outcome, RedisFailure};
 use crate::keys::KeyNames;
@@ -57,7 +57,7 @@ impl Driver {
                 keys: vec![keys.lock.clone(), keys.fence.clone()],
                 args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
             };
-            let submitted = Instant::now();
+            let submitted = clock::now();
             let eval = link.eval(&conn, &call);
             tokio::pin!(eval);
             let reply = tokio::select! {
@@ -67,11 +67,11 @@ impl Driver {
                     let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
                     // We stop waiting now: a key it set lives until now + leaseMs, if the
                     // command ran by now (decision 0005 on a reply that never comes).
-                    let gone_by = key_expiry(Instant::now(), lease_ms);
+                    let gone_by = key_expiry(clock::now(), lease_ms);
                     return this.chase_late_reply(eval, &keys, &token, gone_by).await;
                 }
             };
-            let answered = Instant::now();
+            let answered = clock::now();
             let attempt = match reply {
                 Ok(value) => match scripts::parse_acquire(&value) {
                     Some(AcquireReply::Acquired(fence)) => {
@@ -153,7 +153,7 @@ impl Driver {
                 }
                 _ = tokio::time::sleep(backoff.next()) => {}
             }
-            if Instant::now() >= gone_by {
+            if clock::now() >= gone_by {
                 return;
             }
             if let Ok(true) = self.release_token(keys, token).await {

@@ -13,7 +13,6 @@ mod shutdown;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -356,7 +355,7 @@ impl Driver {
             Err(failure) => {
                 let surely_not_applied = failure.surely_not_applied();
                 if !surely_not_applied {
-                    lease.may_have_written(Instant::now());
+                    lease.may_have_written(crate::clock::now());
                 }
                 return Err(RenewFailed {
                     err: LockError::from_redis(failure),
@@ -364,7 +363,7 @@ impl Driver {
                 });
             }
         };
-        let answered = Instant::now();
+        let answered = crate::clock::now();
         if scripts::parse_flag(&value) == Some(true) {
             // The extension counts once minReplicas replicas have it; until then the lease
             // keeps its old deadline, which every replica agrees with (decision 0027). Redis
@@ -466,7 +465,7 @@ mod tests {
     async fn a_lease_handed_over_after_shutdown_drained_the_registry_is_refused_not_tracked() {
         let d = nowhere();
         let _ = d.shutdown().await;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let lease = Arc::new(Lease::new(
             Arc::new(KeyNames::new("t", "k")),
             "0".repeat(32),
@@ -485,7 +484,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_id_no_longer_tracked_releases_false_and_renews_lease_expired() {
         let d = nowhere();
-        let now = Instant::now();
+        let now = crate::clock::now();
         let lease = Arc::new(Lease::new(
             Arc::new(KeyNames::new("t", "k")),
             "0".repeat(32),
