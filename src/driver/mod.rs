@@ -11,7 +11,7 @@ mod keep_alive;
 mod shutdown;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -59,6 +59,8 @@ struct Inner {
     shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
     /// Whether the task that ends leases at a change of primary was started (`failover`).
     following_failovers: std::sync::atomic::AtomicBool,
+    /// Acquire replies awaited past the moment their key would have expired (`attempt`).
+    late_replies: AtomicUsize,
 }
 
 /// See [`Driver::downgrade`].
@@ -111,6 +113,7 @@ impl Driver {
                 cleanup_failures: Mutex::new(Vec::new()),
                 shutdown_result: tokio::sync::OnceCell::new(),
                 following_failovers: std::sync::atomic::AtomicBool::new(false),
+                late_replies: AtomicUsize::new(0),
             }),
         })
     }
