@@ -49,7 +49,8 @@ pub struct Lease {
 }
 
 /// Told the lease's id once when it stops being valid for a cause other than its deadline
-/// passing (the binding wakes the lease's `signal` with it). Plain Rust: the binding wraps
+/// passing, or by its deadline passing while the machine slept (the binding wakes the
+/// lease's `signal` with it). Plain Rust: the binding wraps
 /// its threadsafe function in one.
 pub type Watcher = Arc<dyn Fn(u64) + Send + Sync>;
 
@@ -206,8 +207,9 @@ impl Lease {
         self.lock().end_at(clock::now())
     }
 
-    /// Tells `watcher` once when the lease ends for a cause other than its deadline, and
-    /// answers whether it ended already (checked under the same lock, so no end falls
+    /// Tells `watcher` once when the lease ends for a cause other than its deadline (or by
+    /// its deadline during a sleep of the machine, `tell_if_expired`), and answers whether
+    /// it ended already (checked under the same lock, so no end falls
     /// between the answer and the watch).
     pub fn watch(&self, watcher: Watcher) -> Option<Ended> {
         let mut times = self.lock();
@@ -216,6 +218,20 @@ impl Lease {
             times.watcher = Some(watcher);
         }
         ended
+    }
+
+    /// Tells the watcher, once, that the deadline passed, if it did. Only after a sleep of
+    /// the machine: the signal's own deadline timer then fires late by the sleep.
+    pub(crate) fn tell_if_expired(&self) {
+        let mut times = self.lock();
+        if times.ended.is_some() || times.state != State::Held || clock::now() < times.deadline {
+            return;
+        }
+        let watcher = times.watcher.take();
+        drop(times);
+        if let Some(watcher) = watcher {
+            watcher(self.id);
+        }
     }
 
     /// Leaves `Held` for `state` (the first end wins; a deadline already passed is that
@@ -534,6 +550,31 @@ mod tests {
         l.invalidate(LockError::new(LockErrorCode::OutcomeUnknown, "unknown"));
         assert!(matches!(l.ended(), Some(Ended::Expired)), "the deadline came first");
         assert!(l.watch(Arc::new(|_| panic!("an ended lease is not watched"))).is_some());
+    }
+
+    #[test]
+    fn a_watched_lease_found_past_its_deadline_on_wake_up_is_told_once() {
+        use std::sync::atomic::AtomicUsize;
+        let heard = Arc::new(AtomicUsize::new(0));
+        let counter = heard.clone();
+        let watcher: Watcher = Arc::new(move |_| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let valid = lease(10_000, clock::now());
+        assert!(valid.watch(watcher.clone()).is_none());
+        valid.tell_if_expired();
+        assert_eq!(heard.load(Ordering::Relaxed), 0, "still valid: nothing to tell");
+        // Watched when valid (as at a signal's first read), found expired later.
+        let expired = lease(50, clock::now() - Duration::from_millis(40));
+        assert!(expired.watch(watcher).is_none());
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while expired.valid() {
+            assert!(std::time::Instant::now() < end, "the 10 ms left never ran out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        expired.tell_if_expired();
+        expired.tell_if_expired();
+        assert_eq!(heard.load(Ordering::Relaxed), 1);
     }
 
     #[test]

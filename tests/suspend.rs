@@ -6,6 +6,8 @@
 mod common;
 mod support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{driver, eventually, url};
@@ -23,6 +25,11 @@ async fn a_lease_held_across_a_suspend_longer_than_lease_ms_is_expired_on_wake_u
         d.keep_alive(&lease, KeepAlive { max_hold_ms: 600_000, every_ms: 50 }).unwrap(),
     );
     assert!(lease.valid() && lease.remaining_ms() > 50_000);
+    // As index.js does at the first read of `lease.signal`.
+    let told = Arc::new(AtomicBool::new(false));
+    let heard = told.clone();
+    let watcher = Arc::new(move |_| heard.store(true, Ordering::Release));
+    assert!(matches!(d.watch_lease(lease.id, watcher), Some(None)));
 
     // The machine sleeps past the lease: Redis's key has expired by wall time, though
     // CLOCK_MONOTONIC (tokio's clock, std's Instant) saw none of the sleep.
@@ -32,6 +39,12 @@ async fn a_lease_held_across_a_suspend_longer_than_lease_ms_is_expired_on_wake_u
     assert_eq!(lease.remaining_ms(), 0);
     // What index.js's signal reads when it checks the lease: ended by its deadline.
     assert!(matches!(d.lease_ended(lease.id), Some(Some(Ended::Expired))));
+    // The signal's own deadline timer is on a clock that saw no sleep (it would fire a
+    // minute late): the driver notices the jump and tells the signal, within about a second.
+    eventually("the signal to be told on wake-up", Duration::from_secs(10), || {
+        told.load(Ordering::Acquire)
+    })
+    .await;
     assert_eq!(d.renew(&lease).await.unwrap_err().code, LockErrorCode::LeaseExpired);
     // The keep-alive's next tick finds the lease expired and stops without renewing it.
     eventually("the keep-alive to stop", Duration::from_secs(5), || kept.is_finished()).await;

@@ -9,6 +9,7 @@ mod cleanup;
 mod failover;
 mod keep_alive;
 mod shutdown;
+mod wake_up;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -59,6 +60,9 @@ struct Inner {
     shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
     /// Whether the task that ends leases at a change of primary was started (`failover`).
     following_failovers: std::sync::atomic::AtomicBool,
+    /// Whether the tick that tells leases expired during a sleep of the machine was started
+    /// (`wake_up`).
+    noticing_wake_ups: std::sync::atomic::AtomicBool,
     /// Acquire replies awaited past the moment their key would have expired (`attempt`).
     late_replies: AtomicUsize,
 }
@@ -113,6 +117,7 @@ impl Driver {
                 cleanup_failures: Mutex::new(Vec::new()),
                 shutdown_result: tokio::sync::OnceCell::new(),
                 following_failovers: std::sync::atomic::AtomicBool::new(false),
+                noticing_wake_ups: std::sync::atomic::AtomicBool::new(false),
                 late_replies: AtomicUsize::new(0),
             }),
         })
@@ -221,6 +226,7 @@ impl Driver {
     pub(crate) fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
         let max = self.inner.options.max_tracked_leases;
         self.follow_failovers();
+        self.notice_wake_ups();
         let refused = match self.inner.leases.insert(lease.clone(), max as usize) {
             Ok(()) => {
                 self.check_written_on_current_primary(&lease);
