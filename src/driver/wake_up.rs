@@ -5,6 +5,7 @@
 //! lease clock jumped and tells the watched leases that expired meanwhile, so their
 //! signals abort within about a second of the wake-up.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Driver;
@@ -22,7 +23,9 @@ impl Driver {
     /// Starts, once, the tick that looks for a sleep of the machine. Like the failover
     /// task it keeps no driver alive and stops at shutdown.
     pub(super) fn notice_wake_ups(&self) {
-        if self.inner.noticing_wake_ups.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        let started = &self.inner.noticing_wake_ups;
+        // A load first: this runs at every tracked lease, and only the first one swaps.
+        if started.load(Ordering::Acquire) || started.swap(true, Ordering::AcqRel) {
             return;
         }
         let driver = self.downgrade();
