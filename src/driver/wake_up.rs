@@ -21,7 +21,7 @@ const LATE: Duration = Duration::from_millis(500);
 
 impl Driver {
     /// Starts, once, the tick that looks for a sleep of the machine. Like the failover
-    /// task it keeps no driver alive and stops at shutdown.
+    /// task it keeps no driver alive, and it stops at shutdown or once the driver is gone.
     pub(super) fn notice_wake_ups(&self) {
         let started = &self.inner.noticing_wake_ups;
         // A load first: this runs at every tracked lease, and only the first one swaps.
@@ -38,15 +38,15 @@ impl Driver {
                     _ = stopping.cancelled() => return,
                     () = tokio::time::sleep(TICK) => {}
                 }
+                // A driver dropped without shutdown ends the tick too.
+                let Some(driver) = driver.upgrade() else { return };
                 let now = clock::now();
                 let slept = now.saturating_duration_since(last) > TICK + LATE;
                 last = now;
-                if !slept {
-                    continue;
-                }
-                let Some(driver) = driver.upgrade() else { return };
-                for lease in driver.inner.leases.all() {
-                    lease.tell_if_expired();
+                if slept {
+                    for lease in driver.inner.leases.all() {
+                        lease.tell_if_expired();
+                    }
                 }
             }
         });
