@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::{self, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,8 +28,9 @@ pub(crate) fn key_expiry(written: Instant, lease_ms: u32) -> Instant {
     written + Duration::from_millis(lease_ms.into())
 }
 
-/// A lease. Its deadline counts from the submission of the command that set it, on the
-/// monotonic clock, so the local estimate is never later than Redis's expiry.
+/// A lease. Its deadline counts from the submission of the command that set it, on a
+/// monotonic clock that counts suspended time (`crate::clock`), so the local estimate is
+/// never later than Redis's expiry, also after the machine slept.
 pub struct Lease {
     /// The lease's number in its backend (how the binding names it to JS).
     pub id: u64,
@@ -46,7 +49,8 @@ pub struct Lease {
 }
 
 /// Told the lease's id once when it stops being valid for a cause other than its deadline
-/// passing (the binding wakes the lease's `signal` with it). Plain Rust: the binding wraps
+/// passing, or by its deadline passing while the machine slept (the binding wakes the
+/// lease's `signal` with it). Plain Rust: the binding wraps
 /// its threadsafe function in one.
 pub type Watcher = Arc<dyn Fn(u64) + Send + Sync>;
 
@@ -186,7 +190,7 @@ impl Lease {
     /// Whether the lease is still valid by the local estimate.
     pub fn valid(&self) -> bool {
         let times = self.lock();
-        times.state == State::Held && Instant::now() < times.deadline
+        times.state == State::Held && clock::now() < times.deadline
     }
 
     /// Milliseconds left, rounded down; 0 once not valid.
@@ -195,24 +199,39 @@ impl Lease {
         if times.state != State::Held {
             return 0;
         }
-        times.deadline.saturating_duration_since(Instant::now()).as_millis() as u64
+        times.deadline.saturating_duration_since(clock::now()).as_millis() as u64
     }
 
     /// Why the lease is no longer valid (what its signal's reason says); None while valid.
     pub fn ended(&self) -> Option<Ended> {
-        self.lock().end_at(Instant::now())
+        self.lock().end_at(clock::now())
     }
 
-    /// Tells `watcher` once when the lease ends for a cause other than its deadline, and
-    /// answers whether it ended already (checked under the same lock, so no end falls
+    /// Tells `watcher` once when the lease ends for a cause other than its deadline (or by
+    /// its deadline during a sleep of the machine, `tell_if_expired`), and answers whether
+    /// it ended already (checked under the same lock, so no end falls
     /// between the answer and the watch).
     pub fn watch(&self, watcher: Watcher) -> Option<Ended> {
         let mut times = self.lock();
-        let ended = times.end_at(Instant::now());
+        let ended = times.end_at(clock::now());
         if ended.is_none() {
             times.watcher = Some(watcher);
         }
         ended
+    }
+
+    /// Tells the watcher, once, that the deadline passed, if it did. Only after a sleep of
+    /// the machine: the signal's own deadline timer then fires late by the sleep.
+    pub(crate) fn tell_if_expired(&self) {
+        let mut times = self.lock();
+        if times.ended.is_some() || times.state != State::Held || clock::now() < times.deadline {
+            return;
+        }
+        let watcher = times.watcher.take();
+        drop(times);
+        if let Some(watcher) = watcher {
+            watcher(self.id);
+        }
     }
 
     /// Leaves `Held` for `state` (the first end wins; a deadline already passed is that
@@ -220,7 +239,7 @@ impl Lease {
     fn end(&self, state: State, why: Ended) -> State {
         let mut times = self.lock();
         let before = times.state;
-        let now = Instant::now();
+        let now = clock::now();
         if times.ended.is_none() {
             times.ended = Some(times.end_at(now).unwrap_or(why));
         }
@@ -264,7 +283,7 @@ impl Lease {
         parent: &CancellationToken,
     ) -> Result<CancellationToken, Ended> {
         let mut times = self.lock();
-        if let Some(ended) = times.end_at(Instant::now()) {
+        if let Some(ended) = times.end_at(clock::now()) {
             return Err(ended);
         }
         let token = parent.child_token();
@@ -292,7 +311,7 @@ impl Lease {
             State::Invalid => return Err(NotExtended::Expired),
             State::Held => {}
         }
-        if Instant::now() >= inner.deadline {
+        if clock::now() >= inner.deadline {
             drop(inner);
             let _ = self.end(State::Invalid, Ended::Expired);
             return Err(NotExtended::Expired);
@@ -392,7 +411,7 @@ mod tests {
 
     #[test]
     fn deadline_counts_from_submission_not_from_the_reply() {
-        let submitted = Instant::now() - Duration::from_millis(400);
+        let submitted = clock::now() - Duration::from_millis(400);
         let l = lease(1000, submitted);
         assert!(l.valid());
         assert!(l.remaining_ms() <= 600, "{}", l.remaining_ms());
@@ -403,36 +422,36 @@ mod tests {
 
     #[test]
     fn released_or_invalid_leases_never_become_valid_again() {
-        let l = lease(10_000, Instant::now());
+        let l = lease(10_000, clock::now());
         assert!(l.mark_released());
         assert!(!l.mark_released(), "second release is a no-op");
         assert!(!l.valid());
         assert_eq!(l.remaining_ms(), 0);
-        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
-        let u = lease(10_000, Instant::now());
+        assert_eq!(l.extend(clock::now(), clock::now()), Err(NotExtended::Released));
+        let u = lease(10_000, clock::now());
         u.invalidate(LockError::new(LockErrorCode::LeaseLost, "lost"));
-        assert_eq!(u.extend(Instant::now(), Instant::now()), Err(NotExtended::Expired));
+        assert_eq!(u.extend(clock::now(), clock::now()), Err(NotExtended::Expired));
         assert!(!u.valid());
     }
 
     #[test]
     fn a_renew_confirmed_after_the_local_deadline_leaves_the_lease_invalid() {
-        let l = lease(50, Instant::now() - Duration::from_millis(60));
-        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Expired));
+        let l = lease(50, clock::now() - Duration::from_millis(60));
+        assert_eq!(l.extend(clock::now(), clock::now()), Err(NotExtended::Expired));
         assert!(!l.valid());
     }
 
     #[test]
     fn a_renew_extends_from_its_own_submission_and_never_shortens() {
-        let l = lease(1000, Instant::now());
-        let earlier = Instant::now() - Duration::from_millis(900);
+        let l = lease(1000, clock::now());
+        let earlier = clock::now() - Duration::from_millis(900);
         assert!(l.extend(earlier, earlier).is_ok());
         assert!(l.remaining_ms() > 900, "a renew submitted earlier must not shorten the lease");
     }
 
     #[test]
     fn the_epoch_of_the_newest_write_is_kept_whatever_order_replies_come_in() {
-        let l = lease(1000, Instant::now());
+        let l = lease(1000, clock::now());
         assert_eq!(l.written_in(), 0);
         l.wrote_in(2);
         l.wrote_in(1); // a renew sent before the switch, confirmed after
@@ -449,8 +468,8 @@ mod tests {
     #[test]
     fn registry_refuses_past_its_limit() {
         let r = Registry::default();
-        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Ok(()));
-        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 1), Err(Refused::Full));
+        assert_eq!(r.insert(Arc::new(lease(1000, clock::now())), 1), Ok(()));
+        assert_eq!(r.insert(Arc::new(lease(1000, clock::now())), 1), Err(Refused::Full));
         assert_eq!(r.close().len(), 1);
         assert_eq!(r.len(), 0);
     }
@@ -458,15 +477,15 @@ mod tests {
     #[test]
     fn a_lease_arriving_after_shutdown_closed_the_registry_is_refused() {
         let r = Registry::default();
-        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Ok(()));
+        assert_eq!(r.insert(Arc::new(lease(1000, clock::now())), 10), Ok(()));
         assert_eq!(r.close().len(), 1);
-        assert_eq!(r.insert(Arc::new(lease(1000, Instant::now())), 10), Err(Refused::Closed));
+        assert_eq!(r.insert(Arc::new(lease(1000, clock::now())), 10), Err(Refused::Closed));
         assert_eq!(r.len(), 0, "nothing is tracked where shutdown no longer looks");
     }
 
     #[test]
     fn a_debug_print_of_a_lease_never_shows_its_token() {
-        let l = lease(1000, Instant::now());
+        let l = lease(1000, clock::now());
         let printed = format!("{l:?} {l:#?}");
         assert!(!printed.contains(&l.token), "{printed}");
         assert!(printed.contains("<redacted>") && printed.contains(&l.fence));
@@ -474,8 +493,8 @@ mod tests {
 
     #[test]
     fn the_earliest_expiry_counts_from_submission_and_the_latest_from_the_reply() {
-        let submitted = Instant::now() - Duration::from_millis(300);
-        let answered = Instant::now() - Duration::from_millis(100);
+        let submitted = clock::now() - Duration::from_millis(300);
+        let answered = clock::now() - Duration::from_millis(100);
         let l = Lease::new(
             Arc::new(KeyNames::new("t", "k")),
             new_token(),
@@ -491,22 +510,22 @@ mod tests {
             l.remaining_ms()
         );
         // A renew whose outcome is unknown may have moved Redis's expiry on.
-        let later = Instant::now();
+        let later = clock::now();
         l.may_have_written(later);
         assert_eq!(l.latest_expiry(), key_expiry(later, 1000));
     }
 
     #[test]
     fn a_renew_confirmed_after_release_was_called_says_released() {
-        let l = lease(10_000, Instant::now());
+        let l = lease(10_000, clock::now());
         l.mark_released();
-        assert_eq!(l.extend(Instant::now(), Instant::now()), Err(NotExtended::Released));
+        assert_eq!(l.extend(clock::now(), clock::now()), Err(NotExtended::Released));
     }
 
     #[test]
     fn the_first_end_wins_and_the_watcher_hears_it_once() {
         use std::sync::atomic::AtomicUsize;
-        let l = lease(10_000, Instant::now());
+        let l = lease(10_000, clock::now());
         assert!(l.ended().is_none());
         let heard = Arc::new(AtomicUsize::new(0));
         let counter = heard.clone();
@@ -519,14 +538,14 @@ mod tests {
         l.mark_released();
         assert_eq!(heard.load(Ordering::Relaxed), 1);
         assert_eq!(l.ended().unwrap().to_error().code, LockErrorCode::LeaseLost);
-        let s = lease(10_000, Instant::now());
+        let s = lease(10_000, clock::now());
         s.mark_shut_down();
         assert_eq!(s.ended().unwrap().to_error().code, LockErrorCode::ShutDown);
     }
 
     #[test]
     fn a_lease_past_its_deadline_ended_by_its_deadline_whatever_comes_after() {
-        let l = lease(50, Instant::now() - Duration::from_millis(60));
+        let l = lease(50, clock::now() - Duration::from_millis(60));
         assert!(matches!(l.ended(), Some(Ended::Expired)));
         l.invalidate(LockError::new(LockErrorCode::OutcomeUnknown, "unknown"));
         assert!(matches!(l.ended(), Some(Ended::Expired)), "the deadline came first");
@@ -534,9 +553,34 @@ mod tests {
     }
 
     #[test]
+    fn a_watched_lease_found_past_its_deadline_on_wake_up_is_told_once() {
+        use std::sync::atomic::AtomicUsize;
+        let heard = Arc::new(AtomicUsize::new(0));
+        let counter = heard.clone();
+        let watcher: Watcher = Arc::new(move |_| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let valid = lease(10_000, clock::now());
+        assert!(valid.watch(watcher.clone()).is_none());
+        valid.tell_if_expired();
+        assert_eq!(heard.load(Ordering::Relaxed), 0, "still valid: nothing to tell");
+        // Watched when valid (as at a signal's first read), found expired later.
+        let expired = lease(50, clock::now() - Duration::from_millis(40));
+        assert!(expired.watch(watcher).is_none());
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while expired.valid() {
+            assert!(std::time::Instant::now() < end, "the 10 ms left never ran out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        expired.tell_if_expired();
+        expired.tell_if_expired();
+        assert_eq!(heard.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
     fn a_new_keep_alive_stops_the_one_before_and_an_end_stops_the_last() {
         let parent = CancellationToken::new();
-        let l = lease(10_000, Instant::now());
+        let l = lease(10_000, clock::now());
         let first = l.start_keep_alive(&parent).unwrap();
         let second = l.start_keep_alive(&parent).unwrap();
         assert!(first.is_cancelled() && !second.is_cancelled());

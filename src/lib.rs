@@ -5,6 +5,7 @@
 //! options ([`parse_connection`], [`parse_backend`]), its [`Lease`]s, and [`LockError`].
 
 mod backoff;
+mod clock;
 mod connection;
 mod driver;
 mod error;
@@ -39,6 +40,7 @@ pub use stats::Stats;
 /// not API. Nothing outside this repository may use it.
 #[doc(hidden)]
 pub mod testing {
+    pub use crate::clock::skip as skip_lease_clock;
     pub use crate::connection::{RedisLink, SubscribeFailure};
     pub use crate::events::TARGET as EVENT_TARGET;
     pub use crate::keys::KeyNames;

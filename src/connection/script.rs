@@ -3,13 +3,14 @@
 //! that is closed or no longer the primary's (`refuse_if_stale`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
 
 use super::{Conn, Handle, RedisLink, Target};
+use crate::clock::{self, Instant};
 use crate::error::RedisFailure;
 use crate::scripts::LuaScript;
 
@@ -139,7 +140,7 @@ impl RedisLink {
         call: &ScriptCall,
     ) -> Result<(Value, Instant, Conn), RedisFailure> {
         let conn = self.connection().await?;
-        let submitted = Instant::now();
+        let submitted = clock::now();
         match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
             Ok(reply) => reply.map(|v| (v, submitted, conn)),
             Err(_) => {

@@ -4,14 +4,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use super::Driver;
+use crate::clock::{self, Instant};
 use crate::connection::{Conn, ScriptCall};
-use crate::error::{Outcome, RedisFailure};
+use crate::error::{LockError, LockErrorCode, Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::{key_expiry, new_token, Lease};
 use crate::replicas::Claim;
@@ -57,7 +58,7 @@ impl Driver {
                 keys: vec![keys.lock.clone(), keys.fence.clone()],
                 args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
             };
-            let submitted = Instant::now();
+            let submitted = clock::now();
             let eval = link.eval(&conn, &call);
             tokio::pin!(eval);
             let reply = tokio::select! {
@@ -67,11 +68,11 @@ impl Driver {
                     let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
                     // We stop waiting now: a key it set lives until now + leaseMs, if the
                     // command ran by now (decision 0005 on a reply that never comes).
-                    let gone_by = key_expiry(Instant::now(), lease_ms);
+                    let gone_by = key_expiry(clock::now(), lease_ms);
                     return this.chase_late_reply(eval, &keys, &token, gone_by).await;
                 }
             };
-            let answered = Instant::now();
+            let answered = clock::now();
             let attempt = match reply {
                 Ok(value) => match scripts::parse_acquire(&value) {
                     Some(AcquireReply::Acquired(fence)) => {
@@ -131,8 +132,11 @@ impl Driver {
 
     /// After an acquire timed out: its reply may still come on the stalled connection, or
     /// never (a reply dropped on the way). Until `gone_by`, release the token on a fresh
-    /// connection now and then, and release again if a late reply may be a win. A release
-    /// that deleted our token ends it: the acquire ran already.
+    /// connection now and then; a release that deleted our token ends it (the acquire ran
+    /// already). Past `gone_by` a key it set before the timeout has expired, but a Redis
+    /// stalled that long (a slow script, a long fork) runs the acquire when it wakes: only
+    /// its reply tells, so it is awaited for as long as the connection lives (decision
+    /// 0167), and released by token if it may be a win.
     async fn chase_late_reply(
         &self,
         mut eval: Pin<&mut impl Future<Output = Result<redis::Value, RedisFailure>>>,
@@ -143,23 +147,76 @@ impl Driver {
         let mut backoff = self.backoff();
         loop {
             tokio::select! {
-                reply = &mut eval => {
-                    if may_have_won(&reply) {
-                        if let Err(err) = self.clean_up(keys, token, gone_by).await {
-                            self.note_cleanup_failure(err);
-                        }
-                    }
-                    return;
-                }
+                reply = &mut eval => return self.late_reply(reply, keys, token).await,
                 _ = tokio::time::sleep(backoff.next()) => {}
             }
-            if Instant::now() >= gone_by {
-                return;
+            if clock::now() >= gone_by {
+                break;
             }
             if let Ok(true) = self.release_token(keys, token).await {
                 return;
             }
         }
+        let Some(_awaited) = Awaited::enter(&self.inner.late_replies) else {
+            // Shutdown must not call this cleanup confirmed; before shutdown nobody waits
+            // on it, and the key, if the acquire runs at all, expires by itself.
+            self.note_cleanup_failure(LockError::new(
+                LockErrorCode::CleanupFailed,
+                "too many acquire replies were overdue to wait for one more; its key, if Redis runs it late, expires by itself",
+            ));
+            return;
+        };
+        let reply = eval.await;
+        self.late_reply(reply, keys, token).await;
+    }
+
+    /// A late acquire reply came: a win, or what may hide one, is released by token.
+    async fn late_reply(
+        &self,
+        reply: Result<redis::Value, RedisFailure>,
+        keys: &KeyNames,
+        token: &str,
+    ) {
+        if may_have_won(&reply) {
+            // The script ran before its reply came: its key is gone leaseMs after now.
+            let gone_by = key_expiry(clock::now(), self.inner.options.lease_ms);
+            if let Err(err) = self.clean_up(keys, token, gone_by).await {
+                self.note_cleanup_failure(err);
+            }
+        }
+    }
+
+    #[doc(hidden)] // for the crate's tests, not API
+    /// Acquire replies awaited now past the moment their key would have expired.
+    pub fn overdue_acquire_replies(&self) -> usize {
+        self.inner.late_replies.load(Ordering::Relaxed)
+    }
+}
+
+/// At most this many overdue acquire replies are awaited per backend. Each costs a task
+/// and a pending reply, a few hundred bytes; a stall makes at most the acquires in flight
+/// on the stalled connection overdue (it is dropped for new commands at once), but a
+/// Cluster keeps sending to a stalled node's slots, one overdue reply per timed-out
+/// attempt. Past the bound a chase gives up as it did before decision 0167.
+const MAX_OVERDUE_REPLIES: usize = 4096;
+
+/// One overdue acquire reply counted while it is awaited.
+struct Awaited<'a>(&'a AtomicUsize);
+
+impl<'a> Awaited<'a> {
+    fn enter(count: &'a AtomicUsize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_OVERDUE_REPLIES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(count))
+    }
+}
+
+impl Drop for Awaited<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

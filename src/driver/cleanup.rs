@@ -2,10 +2,11 @@
 //! caller went away or whose outcome is unknown, and after a `release()` that failed.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Driver;
 use crate::backoff::Backoff;
+use crate::clock::{self, Instant};
 use crate::error::{LockError, Outcome, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;
@@ -48,7 +49,7 @@ impl Driver {
             let gone_by = lease.latest_expiry();
             let surely_gone = async {
                 if this.clean_up(&lease.keys, &lease.token, gone_by).await.is_err() {
-                    tokio::time::sleep_until(gone_by.into()).await;
+                    tokio::time::sleep(clock::until(gone_by)).await;
                 }
             };
             tokio::select! {
@@ -78,7 +79,7 @@ impl Driver {
                 .cause
                 .as_ref()
                 .is_some_and(|c| c.outcome == Outcome::Unknown || c.rides_out_waiting());
-            if !may_pass || Instant::now() + backoff.peek() >= gone_by {
+            if !may_pass || clock::now() + backoff.peek() >= gone_by {
                 return Err(err);
             }
             tokio::time::sleep(backoff.next()).await;

@@ -3,9 +3,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Driver;
+use crate::clock;
 use crate::error::LockError;
 use crate::lease::{Ended, Lease, Watcher};
 use crate::options::{parse_keep_alive, KeepAlive, Raw};
@@ -68,7 +69,7 @@ impl Driver {
             // renew()'s rule: not valid locally is LEASE_EXPIRED, whatever ended it.
             Err(_) => return Err(self.counted::<()>(Err(super::no_longer_valid())).unwrap_err()),
         };
-        let started = Instant::now();
+        let started = clock::now();
         let hold_until = started + Duration::from_millis(options.max_hold_ms);
         let every = Duration::from_millis(options.every_ms.into());
         let this = self.clone();
@@ -80,12 +81,12 @@ impl Driver {
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep_until(next.into()) => {}
+                    () = tokio::time::sleep(clock::until(next)) => {}
                 }
                 if !lease.valid() {
                     return;
                 }
-                let submitted = Instant::now();
+                let submitted = clock::now();
                 // Not raced against `stop`: a renewal on the wire keeps its outcome, and
                 // shutdown waits for it (it is one of the driver's tasks).
                 if let Err(err) = this.renew_valid(&lease).await {

@@ -9,11 +9,11 @@ mod cleanup;
 mod failover;
 mod keep_alive;
 mod shutdown;
+mod wake_up;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,6 +60,11 @@ struct Inner {
     shutdown_result: tokio::sync::OnceCell<Result<(), LockError>>,
     /// Whether the task that ends leases at a change of primary was started (`failover`).
     following_failovers: std::sync::atomic::AtomicBool,
+    /// Whether the tick that tells leases expired during a sleep of the machine was started
+    /// (`wake_up`).
+    noticing_wake_ups: std::sync::atomic::AtomicBool,
+    /// Acquire replies awaited past the moment their key would have expired (`attempt`).
+    late_replies: AtomicUsize,
 }
 
 /// See [`Driver::downgrade`].
@@ -112,6 +117,8 @@ impl Driver {
                 cleanup_failures: Mutex::new(Vec::new()),
                 shutdown_result: tokio::sync::OnceCell::new(),
                 following_failovers: std::sync::atomic::AtomicBool::new(false),
+                noticing_wake_ups: std::sync::atomic::AtomicBool::new(false),
+                late_replies: AtomicUsize::new(0),
             }),
         })
     }
@@ -226,6 +233,7 @@ impl Driver {
     pub(crate) fn track(&self, lease: Arc<Lease>) -> Result<Arc<Lease>, LockError> {
         let max = self.inner.options.max_tracked_leases;
         self.follow_failovers();
+        self.notice_wake_ups();
         let refused = match self.inner.leases.insert(lease.clone(), max as usize) {
             Ok(()) => {
                 self.check_written_on_current_primary(&lease);
@@ -363,7 +371,7 @@ impl Driver {
             Err(failure) => {
                 let surely_not_applied = failure.surely_not_applied();
                 if !surely_not_applied {
-                    lease.may_have_written(Instant::now());
+                    lease.may_have_written(crate::clock::now());
                 }
                 return Err(RenewFailed {
                     err: LockError::from_redis(failure),
@@ -371,7 +379,7 @@ impl Driver {
                 });
             }
         };
-        let answered = Instant::now();
+        let answered = crate::clock::now();
         if scripts::parse_flag(&value) == Some(true) {
             // The extension counts once minReplicas replicas have it; until then the lease
             // keeps its old deadline, which every replica agrees with (decision 0027). Redis
@@ -473,7 +481,7 @@ mod tests {
     async fn a_lease_handed_over_after_shutdown_drained_the_registry_is_refused_not_tracked() {
         let d = nowhere();
         let _ = d.shutdown().await;
-        let now = Instant::now();
+        let now = crate::clock::now();
         let lease = Arc::new(Lease::new(
             Arc::new(KeyNames::new("t", "k")),
             "0".repeat(32),
@@ -492,7 +500,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_id_no_longer_tracked_releases_false_and_renews_lease_expired() {
         let d = nowhere();
-        let now = Instant::now();
+        let now = crate::clock::now();
         let lease = Arc::new(Lease::new(
             Arc::new(KeyNames::new("t", "k")),
             "0".repeat(32),
