@@ -117,9 +117,9 @@ describe('npm pack', () => {
     assert.deepEqual(binaries, [binaryName], 'exactly the binary built on this machine')
   })
 
-  test('every file of the examples README points at ships: 15, 16-tracing-channels, 17-testing-your-app, 18-lease-signal', () => {
+  test('every file of the examples README points at ships: 15, 16-tracing-channels, 17-testing-your-app, 18-lease-signal, 19-with-lock, 20-fenced-writes', () => {
     const readme = readFileSync(path.join(repo, 'README.md'), 'utf8')
-    for (const example of ['15-lock-redis', '16-tracing-channels', '17-testing-your-app', '18-lease-signal']) {
+    for (const example of ['15-lock-redis', '16-tracing-channels', '17-testing-your-app', '18-lease-signal', '19-with-lock', '20-fenced-writes']) {
       assert.match(readme, new RegExp(`examples/${example}`), `README no longer mentions ${example}: drop it from files`)
       for (const file of readdirSync(path.join(repo, 'examples', example))) {
         assert.ok(packed.paths.includes(`examples/${example}/${file}`), `examples/${example}/${file} is missing from the tarball`)
