@@ -225,6 +225,14 @@ pub(crate) fn spawn_watch<F, P>(
 mod tests {
     use super::*;
 
+    fn every_30s_answer_within_2s() -> Liveness {
+        Liveness {
+            every: Duration::from_secs(30),
+            timeout: Duration::from_secs(2),
+            deaths: Arc::default(),
+        }
+    }
+
     #[test]
     fn a_ping_is_due_a_whole_interval_after_the_last_traffic_and_never_while_a_command_is_out() {
         let a = Activity::new();
@@ -240,11 +248,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_quiet_connection_is_pinged_and_declared_dead_when_the_ping_goes_unanswered() {
         let activity = Arc::new(Activity::new());
-        let liveness = Liveness {
-            every: Duration::from_secs(30),
-            timeout: Duration::from_secs(2),
-            deaths: Arc::default(),
-        };
+        let liveness = every_30s_answer_within_2s();
         let pings = Arc::new(AtomicUsize::new(0));
         let counted = pings.clone();
         let answered = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -277,11 +281,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn traffic_postpones_the_ping_and_a_dropped_connection_ends_the_watch() {
         let activity = Arc::new(Activity::new());
-        let liveness = Liveness {
-            every: Duration::from_secs(30),
-            timeout: Duration::from_secs(2),
-            deaths: Arc::default(),
-        };
+        let liveness = every_30s_answer_within_2s();
         let pings = Arc::new(AtomicUsize::new(0));
         let counted = pings.clone();
         let watched = tokio::spawn(watch(Arc::downgrade(&activity), liveness, move || {
