@@ -172,6 +172,14 @@ node_for() {
     # The wrappers name the final folder: move first, then check it runs.
     move_into_place "$tmp" "$dir"
   fi
+  if [[ "$platform" == *-musl && ! -x "$dir/ldd" ]]; then
+    # Alpine's ldd, for this musl: napi-rs's generated loader decides musl or glibc by reading
+    # /usr/bin/ldd first, so scripts/rehearse-release.sh mounts this one over it in a private
+    # mount namespace while a musl node runs on this glibc machine.
+    printf '#!/bin/sh\nexec "%s" --list "$@"\n' "$(musl_loader "$([[ "$platform" == linux-x64-musl ]] && echo amd64 || echo arm64)")" >"$dir/ldd.tmp"
+    chmod +x "$dir/ldd.tmp"
+    mv "$dir/ldd.tmp" "$dir/ldd"
+  fi
   local got
   got="$("$dir/bin/node" -p 'process.platform + "-" + process.arch + "-" + (process.report.getReport().header.glibcVersionRuntime ? "gnu" : "musl") + " " + process.versions.node')" ||
     die "the $platform node in $dir does not run"
