@@ -13,7 +13,7 @@ function loadBinding() {
       process.report.excludeNetwork = true
       target += process.report.getReport().header.glibcVersionRuntime ? '-gnu' : '-musl'
     } else if (platform === 'win32') target += '-msvc'
-    const prebuilt = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'darwin-x64', 'darwin-arm64', 'win32-x64-msvc']
+    const prebuilt = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'linux-arm64-musl', 'darwin-x64', 'darwin-arm64', 'win32-x64-msvc', 'win32-arm64-msvc']
     const fix = prebuilt.includes(target)
       ? `Its binary comes in the optional dependency @dokebi/lock-redis-${target}: install without --omit=optional / --no-optional (if it is still missing, remove node_modules and package-lock.json and install again: npm/cli#4828).`
       : 'No prebuilt binary exists for it; build from source with Rust (npm run build).'

