@@ -15,7 +15,7 @@
 
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
@@ -108,6 +108,7 @@ const json = {
   summary, runs,
 };
 const dir = o.out ?? mkdtempSync(path.join(os.tmpdir(), 'dokebi-ab-'));
+mkdirSync(dir, { recursive: true }); // a given --out that does not exist yet: hours of runs must not be lost at the end
 const base = path.join(dir, `${date}-throughput-ab`);
 writeFileSync(`${base}.json`, `${JSON.stringify(json, null, 1)}\n`);
 const md = [
