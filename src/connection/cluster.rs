@@ -35,14 +35,15 @@ const MAX_LEARNED: usize = 64;
 /// How often the slot map is asked for again while commands flow.
 const RELEARN_EVERY: Duration = Duration::from_secs(10);
 
-/// One PING to every master, each on the connection commands to it use (liveness, decision
-/// 0172).
-pub(crate) async fn ping_masters(conn: &mut ClusterConn) -> redis::RedisResult<Value> {
-    let every_master = RoutingInfo::MultiNode((
-        MultipleNodeRoutingInfo::AllMasters,
+/// One PING to every node of the slot map, replicas too (a master that failed over and
+/// came back as a replica may still hold a flow), each on the connection the Cluster
+/// connection keeps to it (liveness, decision 0172).
+pub(crate) async fn ping_nodes(conn: &mut ClusterConn) -> redis::RedisResult<Value> {
+    let every_node = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllNodes,
         Some(ResponsePolicy::AllSucceeded),
     ));
-    conn.route_command(redis::cmd("PING"), every_master).await
+    conn.route_command(redis::cmd("PING"), every_node).await
 }
 
 /// One node's multiplexed connection, opened without `CLIENT SETINFO`.

@@ -60,22 +60,39 @@ pub(crate) struct Activity {
     /// clock, so that tests can pause it.
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// False for a Cluster connection: its traffic is spread over nodes it cannot tell
+    /// apart, so it is PINGed every interval whatever it carries.
+    follows_traffic: bool,
     gone: CancellationToken,
 }
 
 impl Activity {
     pub(crate) fn new() -> Self {
+        Self::with(true)
+    }
+
+    /// For a connection to several nodes (a Cluster's): traffic to one node says nothing of
+    /// another's flow, and which node a command went to is redis-rs's to know, so it is
+    /// PINGed once per interval, every node, whatever it carries (decision 0172).
+    pub(crate) fn per_interval() -> Self {
+        Self::with(false)
+    }
+
+    fn with(follows_traffic: bool) -> Self {
         Self {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            follows_traffic,
             gone: CancellationToken::new(),
         }
     }
 
     /// Marks a command out until the guard drops (its reply came, or its caller left).
     pub(crate) fn carrying(&self) -> Carrying<'_> {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if self.follows_traffic {
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+        }
         Carrying(self)
     }
 
@@ -105,6 +122,9 @@ pub(crate) struct Carrying<'a>(&'a Activity);
 
 impl Drop for Carrying<'_> {
     fn drop(&mut self) {
+        if !self.0.follows_traffic {
+            return;
+        }
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -167,6 +187,7 @@ where
             let _carrying = a.carrying();
             ping().await
         };
+        a.touch(); // the next one is due an interval after this one's end
         if answer == Answer::Dead {
             return true;
         }
@@ -178,15 +199,34 @@ where
 pub(crate) struct Quiet {
     every: Option<Duration>,
     since: Instant,
+    follows_traffic: bool,
 }
 
 impl Quiet {
     pub(crate) fn new(liveness: &Liveness) -> Self {
-        Self { every: liveness.is_on().then_some(liveness.every), since: Instant::now() }
+        Self::with(liveness, true)
+    }
+
+    /// For a connection to several nodes (a Cluster's sharded subscriptions): a PING every
+    /// interval whatever it carries, as [`Activity::per_interval`].
+    pub(crate) fn per_interval(liveness: &Liveness) -> Self {
+        Self::with(liveness, false)
+    }
+
+    fn with(liveness: &Liveness, follows_traffic: bool) -> Self {
+        let every = liveness.is_on().then_some(liveness.every);
+        Self { every, since: Instant::now(), follows_traffic }
     }
 
     /// Something was sent or received.
     pub(crate) fn heard(&mut self) {
+        if self.follows_traffic {
+            self.since = Instant::now();
+        }
+    }
+
+    /// A PING was answered.
+    pub(crate) fn answered(&mut self) {
         self.since = Instant::now();
     }
 
@@ -276,6 +316,28 @@ mod tests {
         // Answered at 30, 60 and 90 s; the one at 120 s went unanswered for 2 s.
         assert_eq!(pings.load(Ordering::Relaxed), 4);
         assert_eq!(started.elapsed(), Duration::from_secs(122));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_to_several_nodes_is_pinged_every_interval_whatever_it_carries() {
+        let activity = Arc::new(Activity::per_interval());
+        let pings = Arc::new(AtomicUsize::new(0));
+        let counted = pings.clone();
+        let watched = tokio::spawn(watch(
+            Arc::downgrade(&activity),
+            every_30s_answer_within_2s(),
+            move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+                async { Answer::Answered }
+            },
+        ));
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let _out = activity.carrying(); // a command out at every moment the watch looks
+        }
+        assert_eq!(pings.load(Ordering::Relaxed), 3, "at 30, 60 and 90 s");
+        drop(activity);
+        assert!(!watched.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,7 +23,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
-pub(crate) use cluster::{ping_masters, ClusterConn};
+pub(crate) use cluster::{ping_nodes, ClusterConn};
 pub(crate) use liveness::{Answer, Liveness, Quiet};
 pub use pubsub::SubscribeFailure;
 pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
@@ -364,15 +364,19 @@ impl RedisLink {
         if !self.checked_eviction.swap(true, Ordering::AcqRel) {
             tokio::spawn(eviction::check_eviction_policy(self.clone(), inner.clone()));
         }
-        let activity = Arc::new(liveness::Activity::new());
+        let activity = Arc::new(match inner {
+            Handle::Single(_) => liveness::Activity::new(),
+            Handle::Cluster(_) => liveness::Activity::per_interval(),
+        });
         self.watch_liveness(&activity, &inner, &closed);
         Ok(Conn { inner, generation, epoch, closed, opened, activity })
     }
 
     /// PINGs the connection whenever it has been quiet for pingIntervalMs; one unanswered
     /// within commandTimeoutMs marks it closed, so the next command opens a new one instead
-    /// of being handed to a flow a middlebox dropped. A Cluster connection asks every
-    /// master: an I/O error there is one node redis-rs reconnects itself, not a dead flow.
+    /// of being handed to a flow a middlebox dropped. A Cluster connection asks every node,
+    /// once per interval: an I/O error there is one node redis-rs reconnects itself, not a
+    /// dead flow.
     fn watch_liveness(
         &self,
         activity: &Arc<liveness::Activity>,
@@ -389,7 +393,7 @@ impl RedisLink {
                             .await
                     }
                     Handle::Cluster(conn) => {
-                        Answer::of(timeout, cluster::ping_masters(conn), false).await
+                        Answer::of(timeout, cluster::ping_nodes(conn), false).await
                     }
                 }
             }

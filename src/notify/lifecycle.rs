@@ -112,7 +112,13 @@ async fn serve(
     // within the batch window.
     let mut send_at = Some(Instant::now() + BATCH_WINDOW);
     let mut retry = Retry::default();
-    let mut quiet = Quiet::new(&link.liveness);
+    // A sharded connection's messages come from several nodes: one node's say nothing of
+    // another's flow, so it is asked every interval (decision 0172).
+    let mut quiet = if carrier.is_sharded() {
+        Quiet::per_interval(&link.liveness)
+    } else {
+        Quiet::new(&link.liveness)
+    };
     loop {
         let (due, rejudge) = {
             let state = shared.lock();
@@ -189,7 +195,7 @@ async fn serve(
                     link.liveness.died();
                     return Ended::Lost(unanswered());
                 }
-                quiet.heard();
+                quiet.answered();
             }
             // A classic or deaf key's slot may have moved to a node that judges it otherwise.
             _ = sleep_until_opt(rejudge) => {

@@ -11,7 +11,7 @@ use futures::StreamExt;
 
 use super::tracker::{Held, Usage, Verdict, Via};
 use crate::connection::{
-    ping_masters, refuses_subscribe, Answer, ClusterConn, RedisLink, ShardPushes, SubscribeFailure,
+    ping_nodes, refuses_subscribe, Answer, ClusterConn, RedisLink, ShardPushes, SubscribeFailure,
 };
 use crate::error::{Outcome, RedisErrorCode, RedisFailure};
 use crate::keys::KeyChannels;
@@ -219,14 +219,14 @@ impl Carrier {
     }
 
     /// One liveness PING (decision 0172): on a classic connection in subscribed mode; on a
-    /// sharded one to every master, each on the node connection its subscriptions use.
+    /// sharded one to every node, each on the node connection its subscriptions use.
     pub(super) async fn ping(&mut self, link: &RedisLink) -> Answer {
         let timeout = link.liveness.timeout;
         match self {
             Self::Classic { sink, .. } => {
                 Answer::of(timeout, sink.ping::<redis::Value>(), true).await
             }
-            Self::Sharded { conn, .. } => Answer::of(timeout, ping_masters(conn), false).await,
+            Self::Sharded { conn, .. } => Answer::of(timeout, ping_nodes(conn), false).await,
         }
     }
 
