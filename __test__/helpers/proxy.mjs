@@ -108,6 +108,8 @@ export async function startProxy(target, { host = HOST } = {}) {
       dueDown: [],
       // null, or { reset, at } once dropFlows() took it.
       silent: null,
+      // The names of the first commands it carried (a few), to tell what a flow was for.
+      names: new Set(),
     };
     conns.add(conn);
     const end = (side) => {
@@ -179,6 +181,7 @@ export async function startProxy(target, { host = HOST } = {}) {
       const name = String(args[0] ?? '').toUpperCase();
       const entry = { conn: conn.id, name, args, at: performance.now() };
       if (commands.length < MAX_LOGGED_COMMANDS) commands.push(entry);
+      if (conn.names.size < 8) conn.names.add(name);
       if (cut && (!cut.after || cut.after === name)) conn.cutPending = true;
       events.emit('command', entry);
     }
@@ -322,7 +325,8 @@ export async function startProxy(target, { host = HOST } = {}) {
      * Other faults (killAll, release, cutMidReply) no longer touch dropped flows.
      * Emits `given-up` `{ id, how: 'closed'|'reset', at, droppedAt }` when a client closes
      * one or is reset on it (performance.now() times). Returns the flows dropped:
-     * `[{ id, clientPort }]` (clientPort: the client's local port, to tell whose flow it is).
+     * `[{ id, clientPort, commands }]` (clientPort: the client's local port, to tell whose flow
+     * it is; commands: the names of the first few commands it carried, to tell what for).
      */
     dropFlows({ reset = false } = {}) {
       const at = performance.now();
@@ -335,7 +339,7 @@ export async function startProxy(target, { host = HOST } = {}) {
         conn.dueUp.length = 0;
         conn.dueDown.length = 0;
         counters.silentFlows += 1;
-        dropped.push({ id: conn.id, clientPort: conn.client.remotePort });
+        dropped.push({ id: conn.id, clientPort: conn.client.remotePort, commands: [...conn.names] });
       }
       return dropped;
     },

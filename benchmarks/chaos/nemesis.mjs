@@ -18,19 +18,26 @@ import { now } from './prng.mjs';
 const WEIGHTS = {
   standalone: {
     'server-kill': 2, 'server-stop': 2, 'client-kill': 2, 'debug-sleep': 2, oom: 2,
-    'proc-stop': 2, 'proc-kill': 2, 'net-cut': 2, 'net-stall': 2, 'net-latency': 1,
+    'proc-stop': 2, 'proc-kill': 2, 'net-cut': 2, 'net-stall': 2, 'net-latency': 1, 'net-silent-cut': 3,
   },
   sentinel: {
     failover: 2, 'primary-kill': 2, 'primary-kill-lagging': 1, 'primary-stop': 2,
     'client-kill': 2, 'debug-sleep': 2, oom: 2, 'proc-stop': 2, 'proc-kill': 2,
-    'net-cut': 1, 'net-stall': 1,
+    'net-cut': 1, 'net-stall': 1, 'net-silent-cut': 3,
   },
   cluster: {
     'master-kill': 2, 'cluster-failover': 1, 'cluster-failover-force': 1, 'master-stop': 2, 'slot-migrate': 2,
     'client-kill': 2, 'debug-sleep': 2, oom: 1, 'proc-stop': 2, 'proc-kill': 2,
-    'net-cut': 1, 'net-stall': 1,
+    'net-cut': 1, 'net-stall': 1, 'net-silent-cut': 3,
   },
 };
+/**
+ * net-silent-cut: the dropped flows stay dropped; the fault lasts until the client processes
+ * gave every one of them up (found it dead), at most this long (10x pingIntervalMs 500 +
+ * commandTimeoutMs 1000, what an idle flow needs to be found). A flow left then is recorded as
+ * not given up (a checker violation), and its proxy is free for other faults again.
+ */
+export const SILENT_CUT_WATCH_MS = 15_000;
 const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kill', 'primary-kill-lagging', 'primary-stop',
   'master-kill', 'cluster-failover', 'cluster-failover-force', 'master-stop', 'slot-migrate']);
 
@@ -38,7 +45,7 @@ const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kil
  * @param {object} o
  * @param {object} o.cluster from cluster.mjs
  * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel
- * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p) }
+ * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p), ownersOf(proxyPort, clientPorts) → Map(port → { p, inc }) }
  * @param {(ev: object) => void} o.record
  * @param {ReturnType<import('./prng.mjs').rng>} o.r
  */
@@ -301,7 +308,8 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
       }
       case 'net-cut':
       case 'net-stall':
-      case 'net-latency': {
+      case 'net-latency':
+      case 'net-silent-cut': {
         const free = [...proxies.keys()].filter((i) => !busyProxies.has(i));
         // Under Sentinel the proxies stand before the Sentinels: one at a time (see above).
         // In a Cluster they stand before the seed nodes: one at a time too (redirects go to the
@@ -311,7 +319,9 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
         const proxy = proxies[i];
         busyProxies.add(i);
         const ms = kind === 'net-latency' ? r.int(500, 2000) : r.int(200, 1500);
-        if (kind === 'net-cut') {
+        if (kind === 'net-silent-cut') {
+          silentCut(i, proxy, r.chance(0.5));
+        } else if (kind === 'net-cut') {
           proxy.refuse();
           proxy.killAll({ reset: true });
           timed(kind, i, ms, () => { proxy.accept(); busyProxies.delete(i); });
@@ -336,6 +346,45 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
       default:
         throw new Error(`unknown fault ${kind}`);
     }
+  }
+
+  // A NAT or load balancer forgets the flows open through one proxy: no FIN, no RST (or, with
+  // `reset`, a RST to the next packet). New flows pass at once; the dropped ones are dead until
+  // the driver finds them (its liveness PING, or a command that times out on one). Each flow is
+  // recorded with the client process holding it, and each given up with when and how, so the
+  // checker can time the finding per flow.
+  function silentCut(i, proxy, reset) {
+    const dropped = proxy.dropFlows({ reset });
+    const owners = clients.ownersOf?.(proxy.port, dropped.map((f) => f.clientPort)) ?? new Map();
+    // What each flow carried: a subscription (release notifications, or a Sentinel watcher's
+    // announcements), or commands.
+    const use = (f) => (f.commands.some((c) => c.endsWith('SUBSCRIBE')) ? 'subscription' : 'commands');
+    const flows = dropped.map((f) => ({ flow: f.id, use: use(f), ...(owners.get(f.clientPort) ?? { p: null, inc: null }) }));
+    const left = new Set(dropped.map((f) => f.id));
+    let settle;
+    const allGivenUp = new Promise((resolve) => { settle = resolve; });
+    const onGivenUp = (g) => {
+      if (!left.delete(g.id)) return;
+      record({ k: 'flow-given-up', id, flow: g.id, how: g.how, at: now() });
+      if (left.size === 0) settle();
+    };
+    proxy.events.on('given-up', onGivenUp);
+    if (left.size === 0) settle();
+    const id = begin('net-silent-cut', i, { reset, flows });
+    let done = false;
+    // ended: 'given-up' (every flow), 'watch' (ran out), 'heal-all' (the run's end came first).
+    const finish = async (ended = 'heal-all') => {
+      if (done) return;
+      done = true;
+      proxy.events.off('given-up', onGivenUp);
+      busyProxies.delete(i);
+      active.delete(id);
+      record({ k: 'heal', id, kind: 'net-silent-cut', target: i, at: now(), ended, unfound: [...left] });
+    };
+    active.set(id, { kind: 'net-silent-cut', target: i, finish: () => finish('heal-all') });
+    // unref: the watch must not hold the coordinator once everything else is done.
+    const watch = new Promise((resolve) => setTimeout(() => resolve('watch'), SILENT_CUT_WATCH_MS).unref());
+    track(Promise.race([allGivenUp.then(() => 'given-up'), watch]).then(finish));
   }
 
   return {
