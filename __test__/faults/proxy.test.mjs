@@ -293,3 +293,16 @@ test('dropFlows({ reset: true }) answers the next packet a client sends on a dro
   assert.equal(idle.got.closed, false);
   assert.equal(proxy.stats().silent, 1);
 });
+
+test('dropFlows({ where }) drops only the flows it picks, by what they carried; the others pass on', { skip }, async (t) => {
+  const proxy = await proxyFor(t, redis.port);
+  const spared = await rawClient(proxy.port);
+  const dropped = await rawClient(proxy.port);
+  t.after(() => { spared.close(); dropped.close(); });
+  assert.equal(await spared.call('ECHO', 'spare me'), 'spare me');
+  assert.equal(await dropped.call('PING'), 'PONG');
+  const flows = proxy.dropFlows({ where: (f) => !f.commands.includes('ECHO') });
+  assert.deepEqual(flows.map((f) => f.commands), [['PING']]);
+  assert.equal(await spared.call('PING'), 'PONG', 'the flow it did not pick still passes');
+  assert.equal(proxy.stats().silent, 1);
+});

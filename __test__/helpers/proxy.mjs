@@ -18,7 +18,7 @@
 //   await proxy.cutMidReply({ after, bytes })      // the next reply (after a command named `after`) is cut
 //   proxy.latency(ms)                              // every chunk, both ways, delayed by ms (order kept)
 //   proxy.killAll({ reset })                       // destroy every open connection
-//   proxy.dropFlows({ reset })                     // open flows go silent (a NAT or LB dropped them)
+//   proxy.dropFlows({ reset, where })              // open flows go silent (a NAT or LB dropped them)
 //   proxy.retarget(port)                           // new connections go to another server
 //   await proxy.nextCommand('EVALSHA')             // resolves when a client sends that command
 //   proxy.commands / proxy.stats()                 // what was sent; counters of connections and bytes
@@ -322,16 +322,19 @@ export async function startProxy(target, { host = HOST } = {}) {
      * anything again. With `reset: true` the next packet a client sends on one is answered
      * with a RST (`resetAndDestroy`), as a load balancer does after its idle timeout (a
      * server's next packet too, to the server). Flows opened later pass (a new mapping).
-     * Other faults (killAll, release, cutMidReply) no longer touch dropped flows.
+     * Other faults (killAll, release, cutMidReply) no longer touch dropped flows. `where`
+     * (`({ id, clientPort, commands }) => boolean`) picks the flows to drop; others pass on.
      * Emits `given-up` `{ id, how: 'closed'|'reset', at, droppedAt }` when a client closes
      * one or is reset on it (performance.now() times). Returns the flows dropped:
      * `[{ id, clientPort, commands }]` (clientPort: the client's local port, to tell whose flow
      * it is; commands: the names of the first few commands it carried, to tell what for).
      */
-    dropFlows({ reset = false } = {}) {
+    dropFlows({ reset = false, where = () => true } = {}) {
       const at = performance.now();
       const dropped = [];
       for (const conn of [...conns]) {
+        const flow = { id: conn.id, clientPort: conn.client.remotePort, commands: [...conn.names] };
+        if (!where(flow)) continue;
         conns.delete(conn);
         silent.add(conn);
         conn.silent = { reset, at };
@@ -339,7 +342,7 @@ export async function startProxy(target, { host = HOST } = {}) {
         conn.dueUp.length = 0;
         conn.dueDown.length = 0;
         counters.silentFlows += 1;
-        dropped.push({ id: conn.id, clientPort: conn.client.remotePort, commands: [...conn.names] });
+        dropped.push(flow);
       }
       return dropped;
     },

@@ -44,18 +44,20 @@ const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kil
 /**
  * @param {object} o
  * @param {object} o.cluster from cluster.mjs
- * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel
+ * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel; cluster: one per seed node
+ * @param {object[]} o.fronts cluster: the proxy each node announces as its address (net-silent-cut only)
  * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p), ownersOf(proxyPort, clientPorts) → Map(port → { p, inc }) }
  * @param {(ev: object) => void} o.record
  * @param {ReturnType<import('./prng.mjs').rng>} o.r
  */
-export function createNemesis({ cluster, proxies, clients, record, r, keySlots = new Map(), seedNode = null }) {
+export function createNemesis({ cluster, proxies, fronts = [], clients, record, r, keySlots = new Map(), seedNode = null }) {
   const mode = cluster.mode;
   const active = new Map(); // id → { kind, target, heal }
   let nextId = 0;
   let topologyBusy = false;
   const busyProcs = new Set();
   const busyProxies = new Set();
+  const busyFronts = new Set();
   const pending = new Set();
   const track = (p) => { pending.add(p); p.finally(() => pending.delete(p)); return p; };
 
@@ -306,10 +308,20 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
         }
         return true;
       }
+      case 'net-silent-cut':
+        if (mode === 'cluster') {
+          // Before the nodes' announced addresses, where the drivers' node connections go (the
+          // seed proxies carry none once the slot map is known): one at a time.
+          if (busyFronts.size > 0) return false;
+          const i = r.int(0, fronts.length - 1);
+          busyFronts.add(i);
+          silentCut(i, fronts[i], r.chance(0.5), () => busyFronts.delete(i), { node: cluster.nodes[i].port });
+          return true;
+        }
+      // falls through: elsewhere the proxies before the client processes' Redis or the Sentinels
       case 'net-cut':
       case 'net-stall':
-      case 'net-latency':
-      case 'net-silent-cut': {
+      case 'net-latency': {
         const free = [...proxies.keys()].filter((i) => !busyProxies.has(i));
         // Under Sentinel the proxies stand before the Sentinels: one at a time (see above).
         // In a Cluster they stand before the seed nodes: one at a time too (redirects go to the
@@ -320,7 +332,7 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
         busyProxies.add(i);
         const ms = kind === 'net-latency' ? r.int(500, 2000) : r.int(200, 1500);
         if (kind === 'net-silent-cut') {
-          silentCut(i, proxy, r.chance(0.5));
+          silentCut(i, proxy, r.chance(0.5), () => busyProxies.delete(i));
         } else if (kind === 'net-cut') {
           proxy.refuse();
           proxy.killAll({ reset: true });
@@ -353,8 +365,9 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
   // the driver finds them (its liveness PING, or a command that times out on one). Each flow is
   // recorded with the client process holding it, and each given up with when and how, so the
   // checker can time the finding per flow.
-  function silentCut(i, proxy, reset) {
-    const dropped = proxy.dropFlows({ reset });
+  function silentCut(i, proxy, reset, free, extra = {}) {
+    // A node's replication link (a replica's PSYNC through the front proxy) is not a client's.
+    const dropped = proxy.dropFlows({ reset, where: (f) => !f.commands.some((c) => c === 'PSYNC' || c === 'SYNC' || c === 'REPLCONF') });
     const owners = clients.ownersOf?.(proxy.port, dropped.map((f) => f.clientPort)) ?? new Map();
     // What each flow carried: a subscription (release notifications, or a Sentinel watcher's
     // announcements), or commands.
@@ -370,14 +383,14 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
     };
     proxy.events.on('given-up', onGivenUp);
     if (left.size === 0) settle();
-    const id = begin('net-silent-cut', i, { reset, flows });
+    const id = begin('net-silent-cut', i, { reset, flows, ...extra });
     let done = false;
     // ended: 'given-up' (every flow), 'watch' (ran out), 'heal-all' (the run's end came first).
     const finish = async (ended = 'heal-all') => {
       if (done) return;
       done = true;
       proxy.events.off('given-up', onGivenUp);
-      busyProxies.delete(i);
+      free();
       active.delete(id);
       record({ k: 'heal', id, kind: 'net-silent-cut', target: i, at: now(), ended, unfound: [...left] });
     };

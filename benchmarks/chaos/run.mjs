@@ -109,7 +109,12 @@ const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFix
 
 // ------------------------------------------------------------------ servers ----
 log(`seed ${seed}, mode ${mode}, minReplicas ${minReplicas}${run.mutant ? `, MUTANT ${run.mutant}` : ''}, ${run.seconds} s`);
-const cluster = mode === 'sentinel' ? await startSentinelCluster() : mode === 'cluster' ? await startRedisCluster() : await startStandalone();
+// Cluster: each node announces a front proxy as its address (startRedisCluster), so every
+// connection a driver opens to a node it learned goes through one: net-silent-cut drops them
+// (the other network faults stay on the seed proxies below).
+const cluster = mode === 'sentinel' ? await startSentinelCluster()
+  : mode === 'cluster' ? await startRedisCluster({ front: () => startProxy(1) }) : await startStandalone();
+const fronts = mode === 'cluster' ? cluster.nodes.map((n) => n.front) : [];
 const proxies = [];
 // Cluster: the three first masters are the URL's seed nodes, each behind one proxy shared by
 // every process. Only the seed connections go through them: the driver learns the real
@@ -300,7 +305,7 @@ function ownersOf(proxyPort, ports) {
 }
 
 const nemesis = createNemesis({
-  cluster, proxies, record, r, keySlots, seedNode: seedNodes[0] ?? null,
+  cluster, proxies, fronts, record, r, keySlots, seedNode: seedNodes[0] ?? null,
   clients: {
     count: run.procs,
     ownersOf,
@@ -361,7 +366,7 @@ try {
 record({ k: 'lock-keys-left', at: now(), count: left });
 
 for (const s of subscriptions) s.destroy();
-for (const x of proxies) await x.close();
+for (const x of [...proxies, ...fronts]) await x.close();
 await cluster.stop();
 
 // -------------------------------------------------------------- the verdict ----
