@@ -516,6 +516,12 @@ export function check(history, run) {
 // flow up (a stopped process finds nothing; a killed one closes every socket).
 
 const NOTICED_CAUSES = new Set(['COMMAND_TIMEOUT', 'CONNECTION_LOST']);
+/**
+ * A sign may reach the history after the last flow was given up (the fault's heal): the
+ * driver counts a dead connection once it replaced it, the client reads the count every
+ * 20 ms, and the event crosses IPC on a busy machine.
+ */
+const SIGN_AFTER_HEAL_MS = 250;
 
 function silentCutStats({ faults, heals, healAt, givenUp, deadEvents, logs, errors, killedAt, stoppedSpans, run, judge = () => {}, pass = () => {} }) {
   const cuts = faults.filter((f) => f.kind === 'net-silent-cut');
@@ -577,7 +583,7 @@ function silentCutStats({ faults, heals, healAt, givenUp, deadEvents, logs, erro
     }
     for (const [proc, uses] of judgedProcs) {
       out.noticed.judged += 1;
-      const sign = signs.find(([at, pi]) => pi === proc && at >= c.at && at <= until + 1);
+      const sign = signs.find(([at, pi]) => pi === proc && at >= c.at && at <= until + SIGN_AFTER_HEAL_MS);
       if (!sign) { out.noticed.none += 1; continue; }
       out.noticed.by[sign[2]] = (out.noticed.by[sign[2]] ?? 0) + 1;
       const ms = sign[0] - c.at;
