@@ -84,6 +84,7 @@ export function check(history, run) {
   const errors = [];
   const probeEvents = [];
   const deadEvents = [];
+  const stalls = [];
   const givenUp = [];
   let runStartAt = null;
   let finalHealAt = null;
@@ -155,6 +156,7 @@ export function check(history, run) {
       case 'lock-keys-left': lockKeysLeft = e.count; break;
       case 'probe': probeEvents.push(e); break;
       case 'dead': deadEvents.push(e); break;
+      case 'stall': stalls.push(e); break;
       case 'flow-given-up': givenUp.push(e); break;
       case 'run-start': runStartAt = e.at; break;
       default: break;
@@ -491,6 +493,12 @@ export function check(history, run) {
     recoveryAfterHealMs: Object.fromEntries(Object.entries(recoveries).map(([k, v]) => [k, summary(v)])),
     signal: signalStats,
     silentCuts,
+    // Stretches of 0.5 s or more in which a process's event loop did not run (not judged).
+    eventLoopStalls: {
+      n: stalls.length,
+      longest: [...stalls].sort((a, b) => b.ms - a.ms).slice(0, 5)
+        .map((e) => ({ who: e.p === 'coordinator' ? 'coordinator' : `${e.p}.${e.inc}`, atS: Number(((e.at - (runStartAt ?? 0)) / 1000).toFixed(1)), ms: Number(e.ms.toFixed(0)) })),
+    },
     gaps: gapStats({
       t0: runStartAt ?? events[0]?.at ?? 0, grants: [...leases.values()].map((l) => l.grantAt), probeEvents, minReplicas: run.minReplicas,
       acqFails: [...ends.values()].filter((e) => e.k === 'acq-fail'), logs: events.filter((e) => e.k === 'log'),
@@ -820,7 +828,7 @@ export function excerpt(events, around, limit = 14) {
     && (around.p === undefined || e.p === around.p || e.p === undefined));
   const interesting = pick.filter((e) => e.k !== 'store');
   if (interesting.length <= limit) return interesting;
-  const keep = interesting.filter((e) => ['grant', 'release', 'fault', 'heal', 'announce', 'renew'].includes(e.k));
+  const keep = interesting.filter((e) => ['grant', 'release', 'fault', 'heal', 'announce', 'renew', 'stall'].includes(e.k));
   return (keep.length <= limit ? keep : [...keep.slice(0, limit / 2), ...keep.slice(-limit / 2)]);
 }
 

@@ -191,11 +191,21 @@ const deadWatch = setInterval(() => {
   deadSeen = total;
 }, 20);
 
+// A stretch in which this process's event loop did not run (the host starved or paused it):
+// recorded, so a gap in the history can be told from one the servers or the driver made.
+let lastTick = now();
+const stallWatch = setInterval(() => {
+  const t = now();
+  if (t - lastTick > 500) send({ k: 'stall', at: t, ms: t - lastTick });
+  lastTick = t;
+}, 100);
+
 const running = Array.from({ length: workers }, (_, w) => worker(w));
 send({ k: 'proc-start', at: now(), pid: process.pid });
 await stopRequested;
 await Promise.all(running);
 clearInterval(deadWatch);
+clearInterval(stallWatch);
 const shutdownAt = now();
 try {
   await driver.shutdown();

@@ -327,6 +327,14 @@ const nemesis = createNemesis({
 // the wall clock, the driver's deadlines are monotonic. On a host slewing its clock (this
 // one ran 4.8 ms/s fast during the first Cluster runs) a key expires up to leaseMs × that
 // rate before its lease's deadline; the checker allows exactly that (CHAOS.md).
+// The coordinator's own event loop, as the clients watch theirs (client.mjs): every proxy runs
+// on it, so while it does not run, no client reaches Redis.
+let lastTick = now();
+const stallTimer = setInterval(() => {
+  const t = now();
+  if (t - lastTick > 500) record({ k: 'stall', at: t, ms: t - lastTick, p: 'coordinator' });
+  lastTick = t;
+}, 100);
 const clockSamples = [];
 const clockTimer = setInterval(() => clockSamples.push([now(), Date.now()]), 1000);
 clockSamples.push([now(), Date.now()]);
@@ -371,6 +379,7 @@ await cluster.stop();
 
 // -------------------------------------------------------------- the verdict ----
 clearInterval(clockTimer);
+clearInterval(stallTimer);
 clockSamples.push([now(), Date.now()]);
 // The fastest rate over any 10 s (Date.now() has 1 ms steps: shorter spans are noise).
 let fastest = 0;
