@@ -474,6 +474,7 @@ export function check(history, run) {
     pass: () => { counts['silent-cut-flows-given-up'].checked += 1; },
   });
 
+  const unexplainedStalls = stalls.filter((e) => !stoppedSpans.some((sp) => sp.p === e.p && sp.from <= e.at && sp.to >= e.at - e.ms));
   const lost = [...leases.values()].filter((l) => l.lost);
   const faultsByKind = {};
   for (const f of faults) faultsByKind[f.kind] = (faultsByKind[f.kind] ?? 0) + 1;
@@ -493,10 +494,11 @@ export function check(history, run) {
     recoveryAfterHealMs: Object.fromEntries(Object.entries(recoveries).map(([k, v]) => [k, summary(v)])),
     signal: signalStats,
     silentCuts,
-    // Stretches of 0.5 s or more in which a process's event loop did not run (not judged).
+    // Stretches of 0.5 s or more in which a process's event loop did not run, the nemesis's
+    // SIGSTOPs left out (not judged).
     eventLoopStalls: {
-      n: stalls.length,
-      longest: [...stalls].sort((a, b) => b.ms - a.ms).slice(0, 5)
+      n: unexplainedStalls.length,
+      longest: [...unexplainedStalls].sort((a, b) => b.ms - a.ms).slice(0, 5)
         .map((e) => ({ who: e.p === 'coordinator' ? 'coordinator' : `${e.p}.${e.inc}`, atS: Number(((e.at - (runStartAt ?? 0)) / 1000).toFixed(1)), ms: Number(e.ms.toFixed(0)) })),
     },
     gaps: gapStats({
