@@ -373,6 +373,7 @@ export function createNemesis({ cluster, proxies, fronts = [], clients, record, 
     // announcements), or commands.
     const use = (f) => (f.commands.some((c) => c.endsWith('SUBSCRIBE')) ? 'subscription' : 'commands');
     const flows = dropped.map((f) => ({ flow: f.id, use: use(f), ...(owners.get(f.clientPort) ?? { p: null, inc: null }) }));
+    const id = begin('net-silent-cut', i, { reset, flows, ...extra });
     const left = new Set(dropped.map((f) => f.id));
     let settle;
     const allGivenUp = new Promise((resolve) => { settle = resolve; });
@@ -383,7 +384,6 @@ export function createNemesis({ cluster, proxies, fronts = [], clients, record, 
     };
     proxy.events.on('given-up', onGivenUp);
     if (left.size === 0) settle();
-    const id = begin('net-silent-cut', i, { reset, flows, ...extra });
     let done = false;
     // ended: 'given-up' (every flow), 'watch' (ran out), 'heal-all' (the run's end came first).
     const finish = async (ended = 'heal-all') => {
