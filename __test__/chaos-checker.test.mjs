@@ -383,3 +383,42 @@ test('probe events (an ioredis client writing beside the drivers) are never judg
   const shown = excerpt(overlap.events, overlap.violations[0].around);
   assert.ok(shown.length > 0 && shown.every((e) => e.k !== 'probe'));
 });
+
+// net-silent-cut: a proxy drops the open flows without a word (nemesis.mjs). The driver must
+// give each one up (close it, or meet the RST) within the nemesis's watch; the summary times
+// from the cut to the driver's first sign in each holding process and to each flow given up.
+test('a silently dropped flow its driver never gives up within the watch is a violation; the times from cut to noticed and to given up are reported', () => {
+  const flows = [{ flow: 1, use: 'commands', p: 0, inc: 1 }, { flow: 2, use: 'subscription', p: 1, inc: 1 }];
+  const cut = (ended, given = [1, 2]) => [
+    { k: 'fault', id: 1, kind: 'net-silent-cut', target: 0, at: 100, reset: false, flows },
+    // Process 0's acquire timed out on the dead command flow; process 1's PING went unanswered.
+    { k: 'acq-start', op: 'x', key: 'k', p: 0, inc: 1, at: 90 },
+    { k: 'acq-fail', op: 'x', key: 'k', p: 0, inc: 1, at: 1090, startAt: 90, err: { code: 'OUTCOME_UNKNOWN', lockError: true, cause: { plugin: 'dokebi-redis', code: 'COMMAND_TIMEOUT' } } },
+    { k: 'dead', p: 1, inc: 1, at: 1600, total: 1, was: 0 },
+    ...given.map((flow) => ({ k: 'flow-given-up', id: 1, flow, how: 'closed', at: flow === 1 ? 2100 : 1610 })),
+    { k: 'heal', id: 1, kind: 'net-silent-cut', target: 0, at: ended === 'given-up' ? 2100 : 15_100, ended },
+  ];
+  const found = check([...cut('given-up'), ...ending(20_000)], run({ pingIntervalMs: 500 }));
+  assert.deepEqual(violated(found), {});
+  assert.equal(found.counts['silent-cut-flows-given-up'].checked, 2);
+  const sc = found.stats.silentCuts;
+  assert.equal(sc.judged, 2);
+  assert.deepEqual(sc.noticed.by, { 'acquire COMMAND_TIMEOUT': 1, deadConnections: 1 });
+  assert.deepEqual([sc.noticedMs.all.min, sc.noticedMs.all.max], [990, 1500]);
+  assert.deepEqual([sc.noticedMs.commands.max, sc.noticedMs.subscription.max], [990, 1500]);
+  assert.deepEqual([sc.givenUpMs.all.min, sc.givenUpMs.all.max], [1510, 2000]);
+  assert.equal(sc.deadConnections, 1);
+
+  const held = check([...cut('watch', [1]), ...ending(20_000)], run({ pingIntervalMs: 500 }));
+  assert.deepEqual(violated(held), { 'silent-cut-flows-given-up': 1 });
+  assert.match(held.violations[0].detail, /flow 2 \(subscription\) of process 1\.1/);
+
+  // The run's end healed the cut before its watch ran out: not judged.
+  const cutShort = check([...cut('heal-all', [1]), ...ending(20_000)], run({ pingIntervalMs: 500 }));
+  assert.deepEqual(violated(cutShort), {});
+  assert.equal(cutShort.stats.silentCuts.cutShortByTheEnd, 1);
+  // A process stopped meanwhile finds nothing: its flow is left out.
+  const stopped = check([...cut('watch', [1]), { k: 'fault', id: 2, kind: 'proc-stop', target: 1, at: 200, inc: 1 }, { k: 'heal', id: 2, kind: 'proc-stop', target: 1, at: 2000 }, ...ending(20_000)], run({ pingIntervalMs: 500 }));
+  assert.deepEqual(violated(stopped), {});
+  assert.equal(stopped.stats.silentCuts.excused.processStopped, 1);
+});

@@ -43,7 +43,7 @@ function assertSignalHolders(s) {
   assert.ok(s.signal.obeying.skips.total >= 1, 'no obeying holder skipped a write');
 }
 
-test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut and stalled connections, killed clients) holds every invariant', { skip: external, timeout: 120_000 }, async () => {
+test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut, stalled and silently dropped connections, killed clients) holds every invariant', { skip: external, timeout: 120_000 }, async () => {
   const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone']);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
@@ -52,6 +52,8 @@ test('a short seeded standalone chaos run (server killed and restarted, stops, O
   assert.ok(totalFaults(s) >= 10, `only ${totalFaults(s)} faults injected`);
   assert.equal(s.invariants['fences-never-go-backwards'].documented, 0, 'standalone never excuses a fence going back');
   assertSignalHolders(s);
+  // Silent cuts (decision 0173): flows dropped with no FIN or RST, each given up by its driver.
+  assert.ok(s.silentCuts.givenUp >= 1, `no silently dropped flow given up: ${JSON.stringify(s.silentCuts)}`);
 });
 
 test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed and stopped primaries, lagging replicas) holds every invariant', { skip: external, timeout: 150_000 }, async () => {

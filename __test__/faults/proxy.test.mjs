@@ -211,3 +211,98 @@ test('killAll() closes every open connection; retarget() sends new ones to anoth
   t.after(() => b.close());
   assert.equal(await b.call('GET', 'where'), 'other');
 });
+
+/** Resolves once `cond()` is true; fails after `ms` (a bound far above what it needs). */
+async function until(what, cond, ms = 5000) {
+  const deadline = performance.now() + ms;
+  while (!(await cond())) {
+    if (performance.now() > deadline) assert.fail(`${what}: not within ${ms} ms`);
+    await sleep(10);
+  }
+}
+
+const resp = (...args) => args.reduce((s, a) => `${s}$${Buffer.byteLength(a)}\r\n${a}\r\n`, `*${args.length}\r\n`);
+
+test('dropFlows() silences the open flows both ways without closing either side; new connections pass', { skip }, async (t) => {
+  const proxy = await proxyFor(t, redis.port);
+  const sub = await socketTo(proxy.port);
+  const cmd = await socketTo(proxy.port);
+  t.after(() => { sub.socket.destroy(); cmd.socket.destroy(); });
+  sub.socket.write(resp('SUBSCRIBE', 'silent-channel'));
+  await until('the subscription is confirmed', () => sub.got.bytes.includes('silent-channel'));
+  const heard = sub.got.bytes.length;
+
+  const dropped = proxy.dropFlows();
+  assert.deepEqual(dropped.map((f) => f.clientPort).sort(), [sub.socket.localPort, cmd.socket.localPort].sort());
+  assert.equal(proxy.stats().silent, 2);
+  assert.equal(proxy.stats().active, 0);
+
+  // Client to server: the SET reaches the proxy and goes no further.
+  cmd.socket.write(resp('SET', 'silent-key', 'v'));
+  await until('the proxy swallows the SET', () => proxy.stats().silentBytes > 0);
+  assert.equal(await redis.command('GET', 'silent-key'), null, 'the command never reached the server');
+  // Server to client: the server still holds the subscriber (its side stays open) and
+  // publishes to it; the proxy swallows the message.
+  const before = proxy.stats().silentBytes;
+  assert.equal(await redis.command('PUBLISH', 'silent-channel', 'hello'), 1, "the server's side of the flow is still open");
+  await until('the proxy swallows the message', () => proxy.stats().silentBytes > before);
+  assert.equal(sub.got.bytes.length, heard, 'the subscriber heard nothing more');
+  assert.equal(cmd.got.bytes.length, 0, 'no reply came');
+  assert.equal(sub.got.closed || cmd.got.closed, false, 'no FIN or RST reached a client');
+  assert.equal(sub.got.error ?? cmd.got.error, undefined);
+
+  // A new flow passes (a NAT makes a new mapping).
+  const fresh = await rawClient(proxy.port);
+  t.after(() => fresh.close());
+  assert.equal(await fresh.call('PING'), 'PONG');
+  assert.equal(proxy.stats().active, 1);
+  assert.equal(sub.got.closed || cmd.got.closed, false, 'the dropped flows are still open');
+
+  // The client giving a flow up is what a chaos run measures as "found".
+  const givenUp = new Promise((resolve) => proxy.events.once('given-up', resolve));
+  const cmdFlow = dropped.find((f) => f.clientPort === cmd.socket.localPort).id;
+  cmd.socket.destroy();
+  const g = await givenUp;
+  assert.equal(g.how, 'closed');
+  assert.equal(g.id, cmdFlow);
+  assert.equal(proxy.stats().silent, 1);
+});
+
+test('dropFlows({ reset: true }) answers the next packet a client sends on a dropped flow with a RST', { skip }, async (t) => {
+  const proxy = await proxyFor(t, redis.port);
+  const a = await socketTo(proxy.port);
+  const idle = await socketTo(proxy.port);
+  t.after(() => { a.socket.destroy(); idle.socket.destroy(); });
+  a.socket.write(resp('PING'));
+  await until('the first PING is answered', () => a.got.bytes.toString() === '+PONG\r\n');
+  proxy.dropFlows({ reset: true });
+  const givenUp = new Promise((resolve) => proxy.events.once('given-up', resolve));
+
+  a.socket.write(resp('SET', 'reset-key', 'v'));
+  await a.closed;
+  assert.equal(a.got.error?.code, 'ECONNRESET', 'the write was answered with a RST');
+  assert.equal(a.got.bytes.toString(), '+PONG\r\n', 'nothing passed after the drop');
+  assert.equal((await givenUp).how, 'reset');
+  assert.equal(await redis.command('GET', 'reset-key'), null, 'the command never reached the server');
+  assert.equal(proxy.stats().silentResets, 1);
+
+  // A flow that sends nothing is not reset: it stays open and silent.
+  const fresh = await rawClient(proxy.port);
+  t.after(() => fresh.close());
+  assert.equal(await fresh.call('PING'), 'PONG', 'a new connection passes');
+  assert.equal(idle.got.closed, false);
+  assert.equal(proxy.stats().silent, 1);
+});
+
+test('dropFlows({ where }) drops only the flows it picks, by what they carried; the others pass on', { skip }, async (t) => {
+  const proxy = await proxyFor(t, redis.port);
+  const spared = await rawClient(proxy.port);
+  const dropped = await rawClient(proxy.port);
+  t.after(() => { spared.close(); dropped.close(); });
+  assert.equal(await spared.call('ECHO', 'spare me'), 'spare me');
+  assert.equal(await dropped.call('PING'), 'PONG');
+  const flows = proxy.dropFlows({ where: (f) => !f.commands.includes('ECHO') });
+  assert.deepEqual(flows.map((f) => f.commands), [['PING']]);
+  assert.equal(await spared.call('PING'), 'PONG', 'the flow it did not pick still passes');
+  assert.equal(proxy.stats().silent, 1);
+});

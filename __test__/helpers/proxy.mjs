@@ -3,8 +3,9 @@
 // Why this exists: pausing or killing redis-server hits every client at once and cannot
 // tell "the command was written" from "the reply was lost". A proxy on its own free port
 // can: refuse new connections, forward a command but hold (or drop) the reply, cut a
-// connection in the middle of a reply, add latency, kill every connection, and move to
-// another server (a "failover"). It also reads the RESP commands the client sends, so a
+// connection in the middle of a reply, add latency, kill every connection, drop the open
+// flows without a word (a NAT or load balancer that forgot them), and move to another server
+// (a "failover"). It also reads the RESP commands the client sends, so a
 // test can await "the acquire is on the wire" instead of sleeping, and count attempts.
 //
 // No dependencies, and it does not load the package under test.
@@ -17,6 +18,7 @@
 //   await proxy.cutMidReply({ after, bytes })      // the next reply (after a command named `after`) is cut
 //   proxy.latency(ms)                              // every chunk, both ways, delayed by ms (order kept)
 //   proxy.killAll({ reset })                       // destroy every open connection
+//   proxy.dropFlows({ reset, where })              // open flows go silent (a NAT or LB dropped them)
 //   proxy.retarget(port)                           // new connections go to another server
 //   await proxy.nextCommand('EVALSHA')             // resolves when a client sends that command
 //   proxy.commands / proxy.stats()                 // what was sent; counters of connections and bytes
@@ -66,8 +68,16 @@ export async function startProxy(target, { host = HOST } = {}) {
   const events = new EventEmitter();
   events.setMaxListeners(0);
   const conns = new Set();
+  // Flows dropped by dropFlows(): out of `conns` (no other fault touches them again) until
+  // the client gives them up. `lingering`: their server sockets, never closed before close(),
+  // as the server's end of a forgotten flow stays open.
+  const silent = new Set();
+  const lingering = new Set();
   const commands = [];
-  const counters = { accepted: 0, refused: 0, bytesUp: 0, bytesDown: 0, droppedBytes: 0, heldBytes: 0, cuts: 0, killed: 0 };
+  const counters = {
+    accepted: 0, refused: 0, bytesUp: 0, bytesDown: 0, droppedBytes: 0, heldBytes: 0, cuts: 0, killed: 0,
+    silentFlows: 0, silentBytes: 0, silentResets: 0, silentGivenUp: 0,
+  };
   let refusing = false;
   let stall = null; // null | { drop: boolean }
   let cut = null; // null | { after?: string, bytes?: number, done: (info) => void }
@@ -96,10 +106,20 @@ export async function startProxy(target, { host = HOST } = {}) {
       // Ordered delivery under latency: each direction's delayed chunks, first due first.
       dueUp: [],
       dueDown: [],
+      // null, or { reset, at } once dropFlows() took it.
+      silent: null,
+      // The names of the first commands it carried (a few), to tell what a flow was for.
+      names: new Set(),
     };
     conns.add(conn);
-    const end = () => {
+    const end = (side) => {
       if (conn.dead) return;
+      if (conn.silent) {
+        // A dropped flow: the server's side ending is heard by nobody; the client's means
+        // it gave the flow up (found it dead), which is what a test or a chaos run measures.
+        if (side === 'client') giveUp(conn, 'closed');
+        return;
+      }
       conn.dead = true;
       conns.delete(conn);
       conn.client.destroy();
@@ -107,16 +127,24 @@ export async function startProxy(target, { host = HOST } = {}) {
       events.emit('close', conn.id);
     };
     conn.end = end;
-    client.on('error', end);
-    client.on('close', end);
-    conn.upstream.on('error', end);
-    conn.upstream.on('close', end);
+    client.on('error', () => end('client'));
+    client.on('close', () => end('client'));
+    conn.upstream.on('error', () => end('upstream'));
+    conn.upstream.on('close', () => end('upstream'));
     client.on('data', (chunk) => {
+      if (conn.silent) {
+        swallow(conn, 'client', chunk);
+        return;
+      }
       counters.bytesUp += chunk.length;
       logCommands(conn, chunk);
-      schedule(conn, 'dueUp', () => { if (!conn.dead) conn.upstream.write(chunk); });
+      schedule(conn, 'dueUp', () => { if (!conn.dead && !conn.silent) conn.upstream.write(chunk); });
     });
     conn.upstream.on('data', (chunk) => {
+      if (conn.silent) {
+        swallow(conn, 'upstream', chunk);
+        return;
+      }
       schedule(conn, 'dueDown', () => deliverDown(conn, chunk));
     });
     events.emit('connection', conn.id);
@@ -153,14 +181,40 @@ export async function startProxy(target, { host = HOST } = {}) {
       const name = String(args[0] ?? '').toUpperCase();
       const entry = { conn: conn.id, name, args, at: performance.now() };
       if (commands.length < MAX_LOGGED_COMMANDS) commands.push(entry);
+      if (conn.names.size < 8) conn.names.add(name);
       if (cut && (!cut.after || cut.after === name)) conn.cutPending = true;
       events.emit('command', entry);
     }
     conn.upBuf = conn.upBuf.subarray(off);
   }
 
-  function deliverDown(conn, chunk) {
+  // A packet on a dropped flow: discarded; with `reset`, answered with a RST as a load
+  // balancer does once its idle timeout forgot the flow (to that side only).
+  function swallow(conn, side, chunk) {
+    counters.silentBytes += chunk.length;
+    if (!conn.silent.reset) return;
+    const socket = side === 'client' ? conn.client : conn.upstream;
+    if (socket.destroyed) return;
+    counters.silentResets += 1;
+    socket.resetAndDestroy();
+    if (side === 'client') giveUp(conn, 'reset');
+  }
+
+  function giveUp(conn, how) {
     if (conn.dead) return;
+    conn.dead = true;
+    silent.delete(conn);
+    counters.silentGivenUp += 1;
+    conn.client.destroy();
+    if (!conn.upstream.destroyed) {
+      lingering.add(conn.upstream);
+      conn.upstream.once('close', () => lingering.delete(conn.upstream));
+    }
+    events.emit('given-up', { id: conn.id, how, at: performance.now(), droppedAt: conn.silent.at });
+  }
+
+  function deliverDown(conn, chunk) {
+    if (conn.dead || conn.silent) return;
     if (stall) {
       if (stall.drop) counters.droppedBytes += chunk.length;
       else {
@@ -261,6 +315,38 @@ export async function startProxy(target, { host = HOST } = {}) {
       }
     },
 
+    /**
+     * Drops every flow open now without a word, as a NAT or a cloud load balancer that forgot
+     * them: nothing passes either way (chunks delayed or held are discarded too) and the
+     * proxy sends no FIN and no RST, so each side sees an open connection that never hears
+     * anything again. With `reset: true` the next packet a client sends on one is answered
+     * with a RST (`resetAndDestroy`), as a load balancer does after its idle timeout (a
+     * server's next packet too, to the server). Flows opened later pass (a new mapping).
+     * Other faults (killAll, release, cutMidReply) no longer touch dropped flows. `where`
+     * (`({ id, clientPort, commands }) => boolean`) picks the flows to drop; others pass on.
+     * Emits `given-up` `{ id, how: 'closed'|'reset', at, droppedAt }` when a client closes
+     * one or is reset on it (performance.now() times). Returns the flows dropped:
+     * `[{ id, clientPort, commands }]` (clientPort: the client's local port, to tell whose flow
+     * it is; commands: the names of the first few commands it carried, to tell what for).
+     */
+    dropFlows({ reset = false, where = () => true } = {}) {
+      const at = performance.now();
+      const dropped = [];
+      for (const conn of [...conns]) {
+        const flow = { id: conn.id, clientPort: conn.client.remotePort, commands: [...conn.names] };
+        if (!where(flow)) continue;
+        conns.delete(conn);
+        silent.add(conn);
+        conn.silent = { reset, at };
+        conn.held = [];
+        conn.dueUp.length = 0;
+        conn.dueDown.length = 0;
+        counters.silentFlows += 1;
+        dropped.push(flow);
+      }
+      return dropped;
+    },
+
     /** New connections go to `target` (a port or `{ host, port }`); open ones stay. */
     retarget(next) {
       upstream = typeof next === 'number' ? { host: HOST, port: next } : { host: next.host ?? HOST, port: next.port };
@@ -311,12 +397,19 @@ export async function startProxy(target, { host = HOST } = {}) {
     stats() {
       let held = 0;
       for (const conn of conns) for (const c of conn.held) held += c.length;
-      return { ...counters, active: conns.size, held, refusing, stalled: Boolean(stall), latencyMs };
+      return { ...counters, active: conns.size, silent: silent.size, held, refusing, stalled: Boolean(stall), latencyMs };
     },
 
     async close() {
       refusing = true;
       for (const conn of [...conns]) conn.end();
+      for (const conn of [...silent]) {
+        conn.dead = true;
+        conn.client.destroy();
+        conn.upstream.destroy();
+      }
+      silent.clear();
+      for (const socket of [...lingering]) socket.destroy();
       await new Promise((resolve) => server.close(() => resolve()));
     },
   };

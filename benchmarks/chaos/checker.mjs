@@ -52,6 +52,7 @@ export const INVARIANTS = [
   'no-lease-lost-after-announced-switch',
   'no-lease-lost-outside-a-shard-failover',
   'no-write-after-signal-aborted',
+  'silent-cut-flows-given-up',
 ];
 
 /**
@@ -82,6 +83,9 @@ export function check(history, run) {
   const skips = [];
   const errors = [];
   const probeEvents = [];
+  const deadEvents = [];
+  const stalls = [];
+  const givenUp = [];
   let runStartAt = null;
   let finalHealAt = null;
   let lockKeysLeft = null;
@@ -151,6 +155,9 @@ export function check(history, run) {
       case 'healed-all': finalHealAt = e.at; break;
       case 'lock-keys-left': lockKeysLeft = e.count; break;
       case 'probe': probeEvents.push(e); break;
+      case 'dead': deadEvents.push(e); break;
+      case 'stall': stalls.push(e); break;
+      case 'flow-given-up': givenUp.push(e); break;
       case 'run-start': runStartAt = e.at; break;
       default: break;
     }
@@ -453,6 +460,21 @@ export function check(history, run) {
     signalStats = { obeyShare: 0.5, obeying, ignoring, abortReasons };
   }
 
+  // ------------------------------------------------------------------ silent cuts ----
+  // A flow a NAT dropped is dead for good: every connection the driver holds is watched
+  // (CONTRACT.md "Connection liveness"), so each must be given up within the nemesis's watch
+  // (15 s: 10x what an idle flow needs with pingIntervalMs 500 and commandTimeoutMs 1000); a
+  // flow never given up is a connection the driver holds dead. Cuts the final heal ended before their watch ran out are not judged.
+  const silentCuts = silentCutStats({
+    faults, heals, healAt, givenUp, deadEvents, logs: events.filter((e) => e.k === 'log'), errors, killedAt, stoppedSpans, run,
+    judge: (c, f) => {
+      counts['silent-cut-flows-given-up'].checked += 1;
+      violate('silent-cut-flows-given-up', `flow ${f.flow} (${f.use}) of process ${f.p}.${f.inc}, dropped silently${c.reset ? ' (RST to the next packet)' : ''} by fault ${c.id}, was still held ${((healAt.get(c.id) ?? c.at) - c.at).toFixed(0)} ms later`, { p: f.p, from: c.at - 200, to: (healAt.get(c.id) ?? c.at) + 1 });
+    },
+    pass: () => { counts['silent-cut-flows-given-up'].checked += 1; },
+  });
+
+  const unexplainedStalls = stalls.filter((e) => !stoppedSpans.some((sp) => sp.p === e.p && sp.from <= e.at && sp.to >= e.at - e.ms));
   const lost = [...leases.values()].filter((l) => l.lost);
   const faultsByKind = {};
   for (const f of faults) faultsByKind[f.kind] = (faultsByKind[f.kind] ?? 0) + 1;
@@ -471,6 +493,14 @@ export function check(history, run) {
     finalRecoveryMs,
     recoveryAfterHealMs: Object.fromEntries(Object.entries(recoveries).map(([k, v]) => [k, summary(v)])),
     signal: signalStats,
+    silentCuts,
+    // Stretches of 0.5 s or more in which a process's event loop did not run, the nemesis's
+    // SIGSTOPs left out (not judged).
+    eventLoopStalls: {
+      n: unexplainedStalls.length,
+      longest: [...unexplainedStalls].sort((a, b) => b.ms - a.ms).slice(0, 5)
+        .map((e) => ({ who: e.p === 'coordinator' ? 'coordinator' : `${e.p}.${e.inc}`, atS: Number(((e.at - (runStartAt ?? 0)) / 1000).toFixed(1)), ms: Number(e.ms.toFixed(0)) })),
+    },
     gaps: gapStats({
       t0: runStartAt ?? events[0]?.at ?? 0, grants: [...leases.values()].map((l) => l.grantAt), probeEvents, minReplicas: run.minReplicas,
       acqFails: [...ends.values()].filter((e) => e.k === 'acq-fail'), logs: events.filter((e) => e.k === 'log'),
@@ -479,6 +509,125 @@ export function check(history, run) {
   };
   stats.leasesLost.byHow = countBy(lost, (l) => l.lost.how.replace(/[\d.]+/g, 'N').replace(/lease \S+/g, 'lease X'));
   return { ok: violations.length === 0, counts, violations, stats, events };
+}
+
+// ----------------------------------------------------------------- silent cuts ----
+// net-silent-cut (nemesis.mjs): a proxy dropped the flows open through it without a word, or
+// with a RST to the next packet. Two times per cut, from the cut:
+// - noticed: per process holding a dropped flow, the driver's first sign in that process:
+//   deadConnections rose (a liveness PING went unanswered: `dead` events), the warn
+//   LOCK_NOTIFY_UNAVAILABLE (a subscription failed), or a call that failed with the cause
+//   COMMAND_TIMEOUT or CONNECTION_LOST (a command out on the flow). Under other faults at the
+//   same time the sign may be theirs: `alone` counts only cuts with no other fault active
+//   until the sign.
+// - given up: per flow, when its client closed it or met the RST (the proxy saw it): the
+//   driver no longer holds it.
+// Judged: flows whose process is known and was neither stopped nor killed before it gave the
+// flow up (a stopped process finds nothing; a killed one closes every socket).
+
+const NOTICED_CAUSES = new Set(['COMMAND_TIMEOUT', 'CONNECTION_LOST']);
+/**
+ * A sign may reach the history after the last flow was given up (the fault's heal): the
+ * driver counts a dead connection once it replaced it, the client reads the count every
+ * 20 ms, and the event crosses IPC on a busy machine.
+ */
+const SIGN_AFTER_HEAL_MS = 250;
+
+function silentCutStats({ faults, heals, healAt, givenUp, deadEvents, logs, errors, killedAt, stoppedSpans, run, judge = () => {}, pass = () => {} }) {
+  const cuts = faults.filter((f) => f.kind === 'net-silent-cut');
+  if (cuts.length === 0) return null;
+  const out = {
+    pingIntervalMs: run.pingIntervalMs ?? null, commandTimeoutMs: run.commandTimeoutMs,
+    cuts: cuts.length, withReset: cuts.filter((c) => c.reset).length, cutsWithFlows: 0,
+    flows: 0, flowsByUse: {}, unowned: 0, excused: { processStopped: 0, processKilled: 0 }, judged: 0,
+    givenUp: 0, givenUpHow: {}, notGivenUp: 0, cutShortByTheEnd: 0,
+    noticed: { judged: 0, by: {}, none: 0 },
+    noticedMs: null, givenUpMs: null,
+    deadConnections: deadEvents.reduce((n, e) => n + (e.total - (e.was ?? 0)), 0),
+    slowest: [],
+  };
+  // Each sign: [at, p.inc, what].
+  const signs = [
+    ...deadEvents.map((e) => [e.at, `${e.p}.${e.inc}`, 'deadConnections']),
+    ...logs.filter((e) => e.code === 'LOCK_NOTIFY_UNAVAILABLE').map((e) => [e.at, `${e.p}.${e.inc}`, 'LOCK_NOTIFY_UNAVAILABLE']),
+    ...errors.filter(({ e }) => NOTICED_CAUSES.has(e.err?.cause?.code))
+      .map(({ call, e }) => [e.endAt ?? e.at, `${e.p}.${e.inc}`, `${call} ${e.err.cause.code}`]),
+  ].sort((a, b) => a[0] - b[0]);
+  const healOf = new Map(heals.map((h) => [h.id, h]));
+  const series = () => ({ all: [], alone: [], silent: [], reset: [], subscription: [], commands: [] });
+  const noticed = series();
+  const gone = series();
+  const rows = [];
+  for (const c of cuts) {
+    const flows = c.flows ?? [];
+    if (flows.length > 0) out.cutsWithFlows += 1;
+    const until = healAt.get(c.id) ?? Infinity;
+    const judgedProcs = new Map(); // p.inc → its judged flows' uses
+    for (const f of flows) {
+      out.flows += 1;
+      out.flowsByUse[f.use] = (out.flowsByUse[f.use] ?? 0) + 1;
+      const g = givenUp.find((x) => x.id === c.id && x.flow === f.flow);
+      const end = g?.at ?? until;
+      if (f.p === null || f.p === undefined) { out.unowned += 1; continue; }
+      const killed = killedAt.get(`${f.p}.${f.inc}`);
+      if (killed !== undefined && killed >= c.at && killed <= end) { out.excused.processKilled += 1; continue; }
+      if (stoppedSpans.some((sp) => sp.p === f.p && sp.from < end && sp.to > c.at)) { out.excused.processStopped += 1; continue; }
+      out.judged += 1;
+      const key = `${f.p}.${f.inc}`;
+      if (!judgedProcs.has(key)) judgedProcs.set(key, new Set());
+      judgedProcs.get(key).add(f.use);
+      if (!g) {
+        // The heal says whether the watch ran out or the run's end cut it short.
+        if ((healOf.get(c.id)?.ended ?? 'watch') !== 'watch') { out.cutShortByTheEnd += 1; continue; }
+        out.notGivenUp += 1;
+        judge(c, f);
+        rows.push({ cut: c.id, flow: f.flow, use: f.use, p: f.p, reset: c.reset, givenUpMs: null });
+        continue;
+      }
+      pass(c, f);
+      out.givenUp += 1;
+      out.givenUpHow[g.how] = (out.givenUpHow[g.how] ?? 0) + 1;
+      const ms = g.at - c.at;
+      for (const k of ['all', c.reset ? 'reset' : 'silent', f.use]) gone[k]?.push(ms);
+      rows.push({ cut: c.id, flow: f.flow, use: f.use, p: f.p, reset: c.reset, how: g.how, givenUpMs: Number(ms.toFixed(1)) });
+    }
+    for (const [proc, uses] of judgedProcs) {
+      out.noticed.judged += 1;
+      const sign = signs.find(([at, pi]) => pi === proc && at >= c.at && at <= until + SIGN_AFTER_HEAL_MS);
+      if (!sign) { out.noticed.none += 1; continue; }
+      out.noticed.by[sign[2]] = (out.noticed.by[sign[2]] ?? 0) + 1;
+      const ms = sign[0] - c.at;
+      const alone = !faults.some((f) => f !== c && f.at < sign[0] && (healAt.get(f.id) ?? Infinity) > c.at);
+      const use = uses.has('commands') ? 'commands' : 'subscription';
+      for (const k of ['all', c.reset ? 'reset' : 'silent', use, ...(alone ? ['alone'] : [])]) noticed[k].push(ms);
+    }
+  }
+  const withMin = (v) => (v.length === 0 ? { n: 0 } : { min: Number(Math.min(...v).toFixed(1)), ...summary(v) });
+  const sum = (x) => Object.fromEntries(Object.entries(x).map(([k, v]) => [k, withMin(v)]));
+  out.noticedMs = sum(noticed);
+  out.givenUpMs = sum(gone);
+  out.slowest = rows.sort((a, b) => (b.givenUpMs ?? Infinity) - (a.givenUpMs ?? Infinity)).slice(0, 5);
+  return out;
+}
+
+/** The silent cuts' figures as lines of the run's text report. */
+export function formatSilentCuts(sc) {
+  if (!sc) return ['silent cuts: none in this run'];
+  const ms = (x) => (x?.n ? `min ${x.min} / median ${x.p50} / max ${x.max} ms (n ${x.n})` : '—');
+  const by = (o) => Object.entries(o).map(([k, n]) => `${k} ${n}`).join(', ') || 'none';
+  const series = (x) => [
+    `    silent: ${ms(x.silent)}; with a RST: ${ms(x.reset)}`,
+    `    holding a command flow: ${ms(x.commands)}; subscriptions only: ${ms(x.subscription)}`,
+  ];
+  return [
+    `silent cuts (pingIntervalMs ${sc.pingIntervalMs}, commandTimeoutMs ${sc.commandTimeoutMs}): ${sc.cuts} (${sc.withReset} answering with a RST), ${sc.cutsWithFlows} with open flows; ${sc.flows} flows dropped (${by(sc.flowsByUse)}), ${sc.judged} judged (${sc.unowned} of no known process, ${sc.excused.processStopped} of a stopped and ${sc.excused.processKilled} of a killed process left out)`,
+    `  noticed by the driver (per process): ${sc.noticed.judged - sc.noticed.none} of ${sc.noticed.judged} (${by(sc.noticed.by)}); cut → noticed: ${ms(sc.noticedMs.all)}`,
+    `    with no other fault active: ${ms(sc.noticedMs.alone)}`,
+    ...series(sc.noticedMs),
+    `  given up by the client (per flow): ${sc.givenUp} of ${sc.judged} (${by(sc.givenUpHow)}; held past the watch: ${sc.notGivenUp}; watch cut short by the run's end: ${sc.cutShortByTheEnd}); cut → given up: ${ms(sc.givenUpMs.all)}`,
+    ...series(sc.givenUpMs),
+    `  deadConnections rose by ${sc.deadConnections} in the run (all causes)`,
+  ];
 }
 
 // ------------------------------------------------------------------------ gaps ----
@@ -681,7 +830,7 @@ export function excerpt(events, around, limit = 14) {
     && (around.p === undefined || e.p === around.p || e.p === undefined));
   const interesting = pick.filter((e) => e.k !== 'store');
   if (interesting.length <= limit) return interesting;
-  const keep = interesting.filter((e) => ['grant', 'release', 'fault', 'heal', 'announce', 'renew'].includes(e.k));
+  const keep = interesting.filter((e) => ['grant', 'release', 'fault', 'heal', 'announce', 'renew', 'stall'].includes(e.k));
   return (keep.length <= limit ? keep : [...keep.slice(0, limit / 2), ...keep.slice(-limit / 2)]);
 }
 

@@ -61,7 +61,11 @@ const describe = (err) => ({
 });
 
 const driver = createRedisLockDriver(
-  { url: cfg.url, cluster: cfg.cluster || undefined, connectTimeoutMs: cfg.connectTimeoutMs, commandTimeoutMs: cfg.commandTimeoutMs },
+  {
+    url: cfg.url, cluster: cfg.cluster || undefined, connectTimeoutMs: cfg.connectTimeoutMs, commandTimeoutMs: cfg.commandTimeoutMs,
+    // Short, so that a flow the nemesis drops silently (net-silent-cut) is found within the run.
+    pingIntervalMs: cfg.pingIntervalMs,
+  },
   {
     driver: 'redis', connection: 'main', namespace: cfg.namespace, leaseMs, waitTimeoutMs, notifications: cfg.notifications,
     minReplicas: cfg.minReplicas, replicaTimeoutMs: cfg.replicaTimeoutMs, shutdownTimeoutMs: 5000,
@@ -177,10 +181,31 @@ async function worker(w) {
   }
 }
 
+// When the driver found a connection dead by its liveness PING (stats().deadConnections
+// rose): the checker sets these beside the silent cuts (net-silent-cut). Read every 20 ms, so
+// the time recorded is at most that late.
+let deadSeen = 0;
+const deadWatch = setInterval(() => {
+  const total = driver.stats().deadConnections;
+  if (total !== deadSeen) send({ k: 'dead', at: now(), total, was: deadSeen });
+  deadSeen = total;
+}, 20);
+
+// A stretch in which this process's event loop did not run (the host starved or paused it):
+// recorded, so a gap in the history can be told from one the servers or the driver made.
+let lastTick = now();
+const stallWatch = setInterval(() => {
+  const t = now();
+  if (t - lastTick > 500) send({ k: 'stall', at: t, ms: t - lastTick });
+  lastTick = t;
+}, 100);
+
 const running = Array.from({ length: workers }, (_, w) => worker(w));
 send({ k: 'proc-start', at: now(), pid: process.pid });
 await stopRequested;
 await Promise.all(running);
+clearInterval(deadWatch);
+clearInterval(stallWatch);
 const shutdownAt = now();
 try {
   await driver.shutdown();

@@ -6,7 +6,8 @@
 // killed with the coordinator); Sentinels need a config file first on the command line,
 // which that harness does not do, so they are started here the same way.
 
-import { execFileSync, spawn } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
+import { promisify } from 'node:util';
 import { existsSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import net from 'node:net';
@@ -185,17 +186,30 @@ export async function clusterNodes(port) {
   });
 }
 
-export async function startRedisCluster() {
+export async function startRedisCluster({ front } = {}) {
   const nodes = [];
   for (let i = 0; i < CLUSTER_NODES; i++) {
-    nodes.push(await startRedis({
+    // `front()`: a fault proxy each node announces as its address (cluster-announce-port; the
+    // bus stays direct on cluster-port), so that clients reach every node through one. Its
+    // port is known before the node starts, and a restart keeps announcing it.
+    const proxy = front ? await front() : null;
+    const node = await startRedis({
       args: ['--maxmemory-policy', 'noeviction', '--repl-diskless-sync-delay', '0',
         '--cluster-enabled', 'yes', '--cluster-port', String(await freePort()), '--cluster-node-timeout', '1000',
-        '--cluster-replica-validity-factor', '0', '--cluster-allow-replica-migration', 'no'],
-    }));
+        '--cluster-replica-validity-factor', '0', '--cluster-allow-replica-migration', 'no',
+        ...(proxy ? ['--cluster-announce-port', String(proxy.port)] : [])],
+    });
+    if (proxy) {
+      proxy.retarget(node.port);
+      node.front = proxy;
+    }
+    nodes.push(node);
   }
-  execFileSync('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `${HOST}:${n.port}`), '--cluster-replicas', '1', '--cluster-yes'], { stdio: 'ignore' });
-  const byPort = (port) => nodes.find((n) => n.port === port);
+  // Not execFileSync: redis-cli and the replicas reach the nodes at their announced addresses,
+  // through the front proxies, which run on this process's event loop.
+  await promisify(execFile)('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `${HOST}:${n.port}`), '--cluster-replicas', '1', '--cluster-yes']);
+  // A node by its own port or the one it announces (its front proxy's).
+  const byPort = (port) => nodes.find((n) => n.port === port || n.front?.port === port);
   // The masters as the first node that answers sees them (with their slots and node ids).
   async function view() {
     for (const n of nodes) {

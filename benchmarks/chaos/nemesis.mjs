@@ -18,37 +18,46 @@ import { now } from './prng.mjs';
 const WEIGHTS = {
   standalone: {
     'server-kill': 2, 'server-stop': 2, 'client-kill': 2, 'debug-sleep': 2, oom: 2,
-    'proc-stop': 2, 'proc-kill': 2, 'net-cut': 2, 'net-stall': 2, 'net-latency': 1,
+    'proc-stop': 2, 'proc-kill': 2, 'net-cut': 2, 'net-stall': 2, 'net-latency': 1, 'net-silent-cut': 3,
   },
   sentinel: {
     failover: 2, 'primary-kill': 2, 'primary-kill-lagging': 1, 'primary-stop': 2,
     'client-kill': 2, 'debug-sleep': 2, oom: 2, 'proc-stop': 2, 'proc-kill': 2,
-    'net-cut': 1, 'net-stall': 1,
+    'net-cut': 1, 'net-stall': 1, 'net-silent-cut': 3,
   },
   cluster: {
     'master-kill': 2, 'cluster-failover': 1, 'cluster-failover-force': 1, 'master-stop': 2, 'slot-migrate': 2,
     'client-kill': 2, 'debug-sleep': 2, oom: 1, 'proc-stop': 2, 'proc-kill': 2,
-    'net-cut': 1, 'net-stall': 1,
+    'net-cut': 1, 'net-stall': 1, 'net-silent-cut': 3,
   },
 };
+/**
+ * net-silent-cut: the dropped flows stay dropped; the fault lasts until the client processes
+ * gave every one of them up (found it dead), at most this long (10x pingIntervalMs 500 +
+ * commandTimeoutMs 1000, what an idle flow needs to be found). A flow left then is recorded as
+ * not given up (a checker violation), and its proxy is free for other faults again.
+ */
+export const SILENT_CUT_WATCH_MS = 15_000;
 const TOPOLOGY = new Set(['server-kill', 'server-stop', 'failover', 'primary-kill', 'primary-kill-lagging', 'primary-stop',
   'master-kill', 'cluster-failover', 'cluster-failover-force', 'master-stop', 'slot-migrate']);
 
 /**
  * @param {object} o
  * @param {object} o.cluster from cluster.mjs
- * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel
- * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p) }
+ * @param {object[]} o.proxies standalone: one per client process; sentinel: one per Sentinel; cluster: one per seed node
+ * @param {object[]} o.fronts cluster: the proxy each node announces as its address (net-silent-cut only)
+ * @param {object} o.clients { count, pid(p), incarnation(p), kill(p), restart(p), ownersOf(proxyPort, clientPorts) → Map(port → { p, inc }) }
  * @param {(ev: object) => void} o.record
  * @param {ReturnType<import('./prng.mjs').rng>} o.r
  */
-export function createNemesis({ cluster, proxies, clients, record, r, keySlots = new Map(), seedNode = null }) {
+export function createNemesis({ cluster, proxies, fronts = [], clients, record, r, keySlots = new Map(), seedNode = null }) {
   const mode = cluster.mode;
   const active = new Map(); // id → { kind, target, heal }
   let nextId = 0;
   let topologyBusy = false;
   const busyProcs = new Set();
   const busyProxies = new Set();
+  const busyFronts = new Set();
   const pending = new Set();
   const track = (p) => { pending.add(p); p.finally(() => pending.delete(p)); return p; };
 
@@ -299,6 +308,17 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
         }
         return true;
       }
+      case 'net-silent-cut':
+        if (mode === 'cluster') {
+          // Before the nodes' announced addresses, where the drivers' node connections go (the
+          // seed proxies carry none once the slot map is known): one at a time.
+          if (busyFronts.size > 0) return false;
+          const i = r.int(0, fronts.length - 1);
+          busyFronts.add(i);
+          silentCut(i, fronts[i], r.chance(0.5), () => busyFronts.delete(i), { node: cluster.nodes[i].port });
+          return true;
+        }
+      // falls through: elsewhere the proxies before the client processes' Redis or the Sentinels
       case 'net-cut':
       case 'net-stall':
       case 'net-latency': {
@@ -311,7 +331,9 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
         const proxy = proxies[i];
         busyProxies.add(i);
         const ms = kind === 'net-latency' ? r.int(500, 2000) : r.int(200, 1500);
-        if (kind === 'net-cut') {
+        if (kind === 'net-silent-cut') {
+          silentCut(i, proxy, r.chance(0.5), () => busyProxies.delete(i));
+        } else if (kind === 'net-cut') {
           proxy.refuse();
           proxy.killAll({ reset: true });
           timed(kind, i, ms, () => { proxy.accept(); busyProxies.delete(i); });
@@ -336,6 +358,46 @@ export function createNemesis({ cluster, proxies, clients, record, r, keySlots =
       default:
         throw new Error(`unknown fault ${kind}`);
     }
+  }
+
+  // A NAT or load balancer forgets the flows open through one proxy: no FIN, no RST (or, with
+  // `reset`, a RST to the next packet). New flows pass at once; the dropped ones are dead until
+  // the driver finds them (its liveness PING, or a command that times out on one). Each flow is
+  // recorded with the client process holding it, and each given up with when and how, so the
+  // checker can time the finding per flow.
+  function silentCut(i, proxy, reset, free, extra = {}) {
+    // A node's replication link (a replica's PSYNC through the front proxy) is not a client's.
+    const dropped = proxy.dropFlows({ reset, where: (f) => !f.commands.some((c) => c === 'PSYNC' || c === 'SYNC' || c === 'REPLCONF') });
+    const owners = clients.ownersOf?.(proxy.port, dropped.map((f) => f.clientPort)) ?? new Map();
+    // What each flow carried: a subscription (release notifications, or a Sentinel watcher's
+    // announcements), or commands.
+    const use = (f) => (f.commands.some((c) => c.endsWith('SUBSCRIBE')) ? 'subscription' : 'commands');
+    const flows = dropped.map((f) => ({ flow: f.id, use: use(f), ...(owners.get(f.clientPort) ?? { p: null, inc: null }) }));
+    const id = begin('net-silent-cut', i, { reset, flows, ...extra });
+    const left = new Set(dropped.map((f) => f.id));
+    let settle;
+    const allGivenUp = new Promise((resolve) => { settle = resolve; });
+    const onGivenUp = (g) => {
+      if (!left.delete(g.id)) return;
+      record({ k: 'flow-given-up', id, flow: g.id, how: g.how, at: now() });
+      if (left.size === 0) settle();
+    };
+    proxy.events.on('given-up', onGivenUp);
+    if (left.size === 0) settle();
+    let done = false;
+    // ended: 'given-up' (every flow), 'watch' (ran out), 'heal-all' (the run's end came first).
+    const finish = async (ended = 'heal-all') => {
+      if (done) return;
+      done = true;
+      proxy.events.off('given-up', onGivenUp);
+      free();
+      active.delete(id);
+      record({ k: 'heal', id, kind: 'net-silent-cut', target: i, at: now(), ended, unfound: [...left] });
+    };
+    active.set(id, { kind: 'net-silent-cut', target: i, finish: () => finish('heal-all') });
+    // unref: the watch must not hold the coordinator once everything else is done.
+    const watch = new Promise((resolve) => setTimeout(() => resolve('watch'), SILENT_CUT_WATCH_MS).unref());
+    track(Promise.race([allGivenUp.then(() => 'given-up'), watch]).then(finish));
   }
 
   return {

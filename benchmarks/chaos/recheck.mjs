@@ -3,7 +3,7 @@
 // history, so a fixed checker can judge an old run without running it again.
 
 import { readFileSync } from 'node:fs';
-import { check, excerpt, formatEvent, formatGaps, formatSignal, INVARIANTS } from './checker.mjs';
+import { check, excerpt, formatEvent, formatGaps, formatSignal, formatSilentCuts, INVARIANTS } from './checker.mjs';
 
 const [summaryFile, historyFile] = process.argv.slice(2);
 if (!summaryFile || !historyFile) {
@@ -16,7 +16,7 @@ const run = {
   mode: s.mode, minReplicas: s.minReplicas, replicas: s.setup.replicas ?? (s.mode === 'sentinel' ? 2 : 0),
   leaseMs: s.setup.leaseMs, waitTimeoutMs: s.setup.waitTimeoutMs, commandTimeoutMs: s.setup.commandTimeoutMs,
   replicaTimeoutMs: s.setup.replicaTimeoutMs, switchToleranceMs: s.setup.switchToleranceMs ?? 250,
-  settleSlackMs: 1500, recoveryBoundMs: 10_000, clockDriftMs: s.setup.clockDriftMs ?? 0,
+  settleSlackMs: 1500, recoveryBoundMs: 10_000, clockDriftMs: s.setup.clockDriftMs ?? 0, pingIntervalMs: s.setup.pingIntervalMs,
 };
 const v = check(history, run);
 const t0 = Math.min(...history.map((e) => e.at));
@@ -27,6 +27,7 @@ console.log(JSON.stringify({
 }, null, 2));
 console.log(`\n${formatSignal(v.stats.signal).join('\n')}`);
 console.log(`\n${formatGaps(v.stats.gaps).join('\n')}`);
+console.log(`\n${formatSilentCuts(v.stats.silentCuts).join('\n')}`);
 for (const x of v.violations.slice(0, 6)) {
   console.log(`\n✗ ${x.invariant}: ${x.detail}`);
   for (const e of excerpt(v.events, x.around)) console.log(formatEvent(e, t0));

@@ -8,7 +8,7 @@
 
 import { fork, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { writeFileSync, existsSync } from 'node:fs';
+import { writeFileSync, existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -17,7 +17,7 @@ import { parseOptions, root } from '../lib.mjs';
 import { startProxy } from '../../__test__/helpers/proxy.mjs';
 import { encode, parseReply } from '../../__test__/helpers/redis.mjs';
 import { admin, MASTER, startRedisCluster, startSentinelCluster, startStandalone } from './cluster.mjs';
-import { check, excerpt, formatEvent, formatGaps, formatSignal, INVARIANTS } from './checker.mjs';
+import { check, excerpt, formatEvent, formatGaps, formatSignal, formatSilentCuts, INVARIANTS } from './checker.mjs';
 import { createNemesis } from './nemesis.mjs';
 import { now, rng } from './prng.mjs';
 
@@ -27,7 +27,7 @@ const MUTANTS = ['release-without-owner-check', 'skip-wait', 'counter-restarts']
 const usage = () => {
   console.log(`usage: npm run chaos -- [--seconds 60] [--seed S] [--mode standalone|sentinel|cluster] [--min-replicas N]
        [--notifications namespace|per-key|mixed] (mixed: even processes namespace, odd ones per-key)
-       [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4]
+       [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4] [--ping-ms 500]
        [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
        [--probe ioredis] (sentinel only: a plain ioredis client writes every 50 ms beside the drivers;
        the summary's \`gaps\` sets its longest gaps without a write beside the drivers' without a lease)
@@ -46,6 +46,7 @@ const o = parseOptions(process.argv.slice(2), {
   'lease-ms': { type: 'string', default: '800' },
   'wait-ms': { type: 'string', default: '2000' },
   'quiet-seconds': { type: 'string', default: '4' },
+  'ping-ms': { type: 'string', default: '500' },
   mutant: { type: 'string' },
   probe: { type: 'string' },
   out: { type: 'string' },
@@ -76,6 +77,10 @@ const run = {
   // Per primary: Sentinel's has two, each Cluster master one.
   replicas: mode === 'sentinel' ? 2 : mode === 'cluster' ? 1 : 0,
   connectTimeoutMs: 1000, commandTimeoutMs: 1000, replicaTimeoutMs: 500,
+  // The drivers' pingIntervalMs: a silently dropped flow is found within it plus
+  // commandTimeoutMs once quiet (CONTRACT.md "Connection liveness"); the default 30 s would
+  // outlast most of a run.
+  pingIntervalMs: int('ping-ms', 0),
   // Decision 0056: how long after the first Sentinel's announcement an acquire may still
   // start on the old primary (delivery of the message and the event loops of two processes).
   switchToleranceMs: 250,
@@ -104,7 +109,12 @@ const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFix
 
 // ------------------------------------------------------------------ servers ----
 log(`seed ${seed}, mode ${mode}, minReplicas ${minReplicas}${run.mutant ? `, MUTANT ${run.mutant}` : ''}, ${run.seconds} s`);
-const cluster = mode === 'sentinel' ? await startSentinelCluster() : mode === 'cluster' ? await startRedisCluster() : await startStandalone();
+// Cluster: each node announces a front proxy as its address (startRedisCluster), so every
+// connection a driver opens to a node it learned goes through one: net-silent-cut drops them
+// (the other network faults stay on the seed proxies below).
+const cluster = mode === 'sentinel' ? await startSentinelCluster()
+  : mode === 'cluster' ? await startRedisCluster({ front: () => startProxy(1) }) : await startStandalone();
+const fronts = mode === 'cluster' ? cluster.nodes.map((n) => n.front) : [];
 const proxies = [];
 // Cluster: the three first masters are the URL's seed nodes, each behind one proxy shared by
 // every process. Only the seed connections go through them: the driver learns the real
@@ -198,7 +208,7 @@ function spawnClient(p) {
   const cfg = {
     proc: p, incarnation: inc, workers: run.workers, keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs,
     seed, url: urlFor(p), cluster: mode === 'cluster', notifications: notificationsFor(p), namespace, minReplicas: run.minReplicas, replicaTimeoutMs: run.replicaTimeoutMs,
-    connectTimeoutMs: run.connectTimeoutMs, commandTimeoutMs: run.commandTimeoutMs,
+    connectTimeoutMs: run.connectTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, pingIntervalMs: run.pingIntervalMs,
   };
   const child = fork(path.join(import.meta.dirname, 'client.mjs'), [], {
     env: { ...childEnv, CHAOS_CLIENT: JSON.stringify(cfg) }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
@@ -264,10 +274,41 @@ if (run.probe) {
   })();
 }
 
+// Whose flow the proxy dropped (net-silent-cut): the client process holding the socket whose
+// local port is the flow's client port, from /proc (Linux): the socket's inode in
+// /proc/net/tcp, then which client process has it open.
+// Both ends are matched: Linux may give two sockets to different peers the same local port.
+function ownersOf(proxyPort, ports) {
+  const inodeOf = new Map();
+  try {
+    for (const line of readFileSync('/proc/net/tcp', 'utf8').split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/);
+      if (f.length < 10) continue;
+      const port = parseInt(f[1].split(':')[1], 16);
+      if (ports.includes(port) && parseInt(f[2].split(':')[1], 16) === proxyPort) inodeOf.set(`socket:[${f[9]}]`, port);
+    }
+  } catch { /* not Linux: owners unknown */ }
+  const owners = new Map();
+  clients.forEach((c, p) => {
+    const pid = c.child?.pid;
+    if (!pid || inodeOf.size === 0) return;
+    try {
+      for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+        let link;
+        try { link = readlinkSync(`/proc/${pid}/fd/${fd}`); } catch { continue; }
+        const port = inodeOf.get(link);
+        if (port !== undefined) owners.set(port, { p, inc: c.inc });
+      }
+    } catch { /* exited meanwhile */ }
+  });
+  return owners;
+}
+
 const nemesis = createNemesis({
-  cluster, proxies, record, r, keySlots, seedNode: seedNodes[0] ?? null,
+  cluster, proxies, fronts, record, r, keySlots, seedNode: seedNodes[0] ?? null,
   clients: {
     count: run.procs,
+    ownersOf,
     pid: (p) => clients[p].child?.pid ?? null,
     incarnation: (p) => clients[p].inc,
     kill: (p) => {
@@ -286,6 +327,14 @@ const nemesis = createNemesis({
 // the wall clock, the driver's deadlines are monotonic. On a host slewing its clock (this
 // one ran 4.8 ms/s fast during the first Cluster runs) a key expires up to leaseMs × that
 // rate before its lease's deadline; the checker allows exactly that (CHAOS.md).
+// The coordinator's own event loop, as the clients watch theirs (client.mjs): every proxy runs
+// on it, so while it does not run, no client reaches Redis.
+let lastTick = now();
+const stallTimer = setInterval(() => {
+  const t = now();
+  if (t - lastTick > 500) record({ k: 'stall', at: t, ms: t - lastTick, p: 'coordinator' });
+  lastTick = t;
+}, 100);
 const clockSamples = [];
 const clockTimer = setInterval(() => clockSamples.push([now(), Date.now()]), 1000);
 clockSamples.push([now(), Date.now()]);
@@ -325,11 +374,12 @@ try {
 record({ k: 'lock-keys-left', at: now(), count: left });
 
 for (const s of subscriptions) s.destroy();
-for (const x of proxies) await x.close();
+for (const x of [...proxies, ...fronts]) await x.close();
 await cluster.stop();
 
 // -------------------------------------------------------------- the verdict ----
 clearInterval(clockTimer);
+clearInterval(stallTimer);
 clockSamples.push([now(), Date.now()]);
 // The fastest rate over any 10 s (Date.now() has 1 ms steps: shorter spans are noise).
 let fastest = 0;
@@ -350,7 +400,7 @@ const summary = {
   command: `npm run chaos -- ${process.argv.slice(2).map((x, i, all) => (['--out', '--history'].includes(all[i - 1]) ? path.basename(x) : x)).join(' ')}`,
   seed, mode, minReplicas, notifications: run.notifications, mutant: run.mutant, probe: run.probe ?? undefined, seconds: run.seconds,
   keySlots: mode === 'cluster' ? Object.fromEntries(keySlots) : undefined,
-  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, switchToleranceMs: run.switchToleranceMs, clockDriftMs: run.clockDriftMs },
+  setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, pingIntervalMs: run.pingIntervalMs, switchToleranceMs: run.switchToleranceMs, clockDriftMs: run.clockDriftMs },
   result: verdict.ok ? 'pass' : 'fail',
   invariants: verdict.counts,
   ...verdict.stats,
@@ -364,6 +414,7 @@ if (o.history) writeFileSync(o.history, history.map((e) => JSON.stringify(e, (_,
 console.log(JSON.stringify(summary, null, 2));
 console.log(`\n${formatSignal(verdict.stats.signal).join('\n')}`);
 console.log(`\n${formatGaps(verdict.stats.gaps).join('\n')}`);
+console.log(`\n${formatSilentCuts(verdict.stats.silentCuts).join('\n')}`);
 if (!verdict.ok) {
   const shown = new Map();
   console.log(`\nFAILED: seed ${seed} (${mode}, minReplicas ${minReplicas}, notifications ${run.notifications}${run.mutant ? `, mutant ${run.mutant}` : ''}): ${verdict.violations.length} violation(s)`);
