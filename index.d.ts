@@ -76,7 +76,7 @@ export type RedisConnectionLike =
       connectTimeoutMs?: number | undefined
       /** Default 2000. A reply later than this is OUTCOME_UNKNOWN. */
       commandTimeoutMs?: number | undefined
-      /** Default 30000; 0 turns it off. Every connection the driver holds sends a PING once it has carried nothing this long; one unanswered within `commandTimeoutMs` is dead and replaced (a subscription falls back to polling and subscribes again). */
+      /** Default 30000; 0 turns it off. Every connection the driver holds sends a PING once it has carried nothing this long; one unanswered within `commandTimeoutMs` is dead and replaced (a subscription falls back to polling and subscribes again). In a Cluster every node is PINGed once per interval. */
       pingIntervalMs?: number | undefined
       /** `url` names one node of a Redis Cluster, or several seed nodes (`redis://[user:password@]host[:port],host[:port]…`). Not with a Sentinel URL. */
       cluster?: boolean | undefined
