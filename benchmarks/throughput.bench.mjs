@@ -359,7 +359,7 @@ function evaluateTargets(med, drifts) {
   // The best (lowest or highest) peer value, or null when no peer was measured.
   const bestPeer = (n, metric, lower = true) => PEERS.map((l) => [l, get(l, n, metric)]).filter(([, v]) => v !== null)
     .sort((a, b) => (lower ? a[1] - b[1] : b[1] - a[1]))[0] ?? null;
-  // "vs redlock 12.1 µs, semaphore 11.0 µs; ioredis-scripts 18.4 µs (0.45x)": every row, with our ratio to each.
+  // "vs redlock 12.1 µs, semaphore 11.0 µs; js-driver 18.4 µs (0.45x)": every row, with our ratio to each.
   const others = (n, metric, unit, d) => {
     const ours = get('dokebi', n, metric);
     return [...PEERS, SAME_WORK].map((l) => [l, get(l, n, metric)]).filter(([, v]) => v !== null)
