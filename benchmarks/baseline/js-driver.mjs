@@ -194,6 +194,7 @@ export async function createJsLockDriver(url, options) {
         if (typeof reply === 'string') {
           if (!FENCE.test(reply)) throw lockError('OUTCOME_UNKNOWN', 'unexpected acquire reply');
           line.heldHere = true;
+          line.woken = false; // a release heard before this acquire is older than our hold
           return lease(key, hash, lockKey, token, reply, sentAt + leaseMs);
         }
         if (reply !== null && !(Number.isInteger(reply) && reply >= -2)) throw lockError('OUTCOME_UNKNOWN', 'unexpected acquire reply');
