@@ -128,7 +128,7 @@ const CONFIGS = [
   { name: 'redis-benchmark-P16-minimal', group: 'ceiling', kind: 'redis-benchmark', pipeline: 16, script: 'minimal', note: 'reference: redis-benchmark -c 1 -P 16 EVALSHA of a minimal SET NX PX + INCR + GET script (no EXISTS/TIME fence initialisation)' },
   ...KEY_SETS.flatMap((keys) => LIBRARIES.flatMap((l) => LEVELS.map((n) => ({
     name: pairName(l.library, n, keys), group: 'pairs', kind: 'pairs', library: l.library, inflight: n, keys,
-    note: keys === 'reused' ? `${l.note}; keys reused: each loop cycles over ${REUSED_KEYS} keys of its own, every fence counter created before the warm-up` : l.note,
+    note: keys === 'reused' ? `${l.note}; keys reused: each loop cycles over ${REUSED_KEYS} keys of its own, each acquired and released once before the warm-up (so fence counters exist)` : l.note,
   })))),
   { name: 'memory', group: 'memory', kind: 'memory', note: 'idle driver vs 10 000 tracked leases + 128 waiters blocked on held keys, after GC, own process' },
   { name: 'drift', group: 'drift', kind: 'drift', execArgv: [], note: `RSS over --cycles acquire/release cycles (distinct keys) at ${DRIFT_INFLIGHT} in flight, own process, Node's default flags` },
