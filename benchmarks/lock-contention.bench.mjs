@@ -15,8 +15,9 @@
 // wall time after a start barrier. Repeated --reps times (shapes and configurations
 // interleaved within each repetition), medians per metric. `--variants` adds dokebi
 // configurations with environment variables, for A/B in the same run. By default the
-// configurations are dokebi-after, redlock-default, redlock-retry10 and semaphore-default
-// (`--only` picks any, dokebi-before and semaphore-retry1 included). Writes
+// configurations are dokebi-after, dokebi-perkey, js-driver (benchmarks/baseline/js-driver.mjs:
+// the same protocol from JS, listed but not a peer), redlock-default, redlock-retry10 and
+// semaphore-default (`--only` picks any, dokebi-before and semaphore-retry1 included). Writes
 // benchmarks/results/<date>-lock-contention[-tag].json and .md, prints the tables and
 // PASS/FAIL per part of issue 17's contention targets, judged on dokebi-after (and each
 // variant) against the best peer with its defaults and, separately, against every peer run.
@@ -108,6 +109,8 @@ const CONFIGS = [
     note: 'this driver with notifications: \'per-key\' (a channel per key; the listener count is per key)' },
   { name: 'dokebi-before', library: 'dokebi', env: { DOKEBI_LOCK_REDIS_NOTIFICATIONS: '0' }, inner: DOKEBI_INNER,
     note: 'this driver, DOKEBI_LOCK_REDIS_NOTIFICATIONS=0: polling only (pollIntervalMs 25)' },
+  { name: 'js-driver', library: 'js-driver', inner: DOKEBI_INNER,
+    note: 'the same protocol from JS, not a peer for the verdicts: benchmarks/baseline/js-driver.mjs on ioredis (the same keys, scripts and release notification, a FIFO line per key in each process, notifyPollIntervalMs 250; no head start between processes)' },
   { name: 'redlock-default', library: 'redlock', peer: {}, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
     note: 'redlock, retryDelay 200, retryJitter 100 (defaults), retryCount 150' },
   { name: 'redlock-retry10', library: 'redlock', peer: { retryDelay: 10, retryJitter: 5 }, inner: ['exists', 'set', 'get', 'del', 'pexpire'],
@@ -285,7 +288,7 @@ function summarize(cfg, shape, run) {
   const perAcq = (x) => (acquisitions ? x / acquisitions : null);
   const d = (k) => commandDelta[k] ?? 0;
   // Acquire attempts (Redis round trips that try to take the lock), from the scripts' bodies.
-  const attempts = cfg.library === 'dokebi' ? d('pttl') + d('incr') // busy → PTTL, acquired → INCR
+  const attempts = cfg.library === 'dokebi' || cfg.library === 'js-driver' ? d('pttl') + d('incr') // busy → PTTL, acquired → INCR
     : cfg.library === 'redlock' ? d('exists') // lockScript starts with EXISTS
       : d('set'); // redis-semaphore: a top-level SET NX PX per attempt
   const commandsPerAcquisition = {};
@@ -412,14 +415,18 @@ function table(rows) {
 // their defaults (redlock-default, semaphore-default: issue 12's reading), and among every
 // peer run, tuned ones included.
 const DEFAULT_PEERS = ['redlock-default', 'semaphore-default'];
+// Measured and listed, never a peer: the same protocol from JS is what this driver is
+// compared with, not what users switch from.
+const NOT_PEERS = ['js-driver'];
 
 function targets(byName, shape, subject = 'dokebi-after') {
   const after = byName[subject];
   if (!after) return [];
-  const allPeers = Object.entries(byName).filter(([n]) => !n.startsWith('dokebi-'));
+  const allPeers = Object.entries(byName).filter(([n]) => !n.startsWith('dokebi-') && !NOT_PEERS.includes(n));
   const defaults = allPeers.filter(([n]) => DEFAULT_PEERS.includes(n));
   const out = [];
-  const listed = (metric, d, unit) => allPeers.map(([n, m]) => `${n} ${fmt(m[metric], d)}${unit}`).join(', ') || 'no peers run';
+  const others = Object.entries(byName).filter(([n]) => NOT_PEERS.includes(n));
+  const listed = (metric, d, unit) => [...allPeers, ...others].map(([n, m]) => `${n}${NOT_PEERS.includes(n) ? ' (not a peer)' : ''} ${fmt(m[metric], d)}${unit}`).join(', ') || 'no peers run';
   // best: the peer with the best value of `metric` among `peers` (lower or higher is better).
   const best = (peers, metric, lower) => peers.filter(([, m]) => m[metric] !== null)
     .sort((x, y) => (lower ? x[1][metric] - y[1][metric] : y[1][metric] - x[1][metric]))[0];

@@ -64,6 +64,17 @@ async function makeAdapter(init, window, clientCommands) {
       close: () => driver.shutdown().catch(() => {}),
     };
   }
+  if (library === 'js-driver') {
+    const { createJsLockDriver } = await import('./baseline/js-driver.mjs');
+    const driver = await createJsLockDriver(url, { namespace: 'bench', leaseMs, waitTimeoutMs: waitMs });
+    // Its command connection only: SUBSCRIBE goes over the other one.
+    countCommands(driver.client, window, clientCommands);
+    return {
+      acquire: (key) => driver.acquire(key),
+      release: (lease) => lease.release(),
+      close: () => driver.close(),
+    };
+  }
   const { default: Redis } = await import('ioredis');
   const client = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1 });
   client.on('error', () => {});

@@ -2,7 +2,7 @@
 // each in-flight level (whiskers: min–max over the repetitions), with the ceiling lines.
 // A hand-written SVG string, no chart dependency.
 
-const COLORS = { dokebi: '#2563eb', redlock: '#d97706', semaphore: '#059669', 'ioredis-scripts': '#9333ea' };
+const COLORS = { dokebi: '#2563eb', redlock: '#d97706', semaphore: '#059669', 'js-driver': '#9333ea' };
 const esc = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 const k = (x) => (x >= 10_000 ? `${(x / 1000).toFixed(0)}k` : x >= 1000 ? `${(x / 1000).toFixed(1)}k` : `${Math.round(x)}`);
 

@@ -1,10 +1,12 @@
-// Throughput and memory benchmark of @dokebi/lock-redis against redlock and redis-semaphore,
-// against "the same Redis work from JS" (ioredis running this project's own scripts) and
-// against what Redis itself allows; judges issue 12's targets 1–5 (event-loop CPU, process
-// CPU, Redis CPU, 1-in-flight latency, throughput) plus the memory and drift targets.
+// Throughput and memory benchmark of @dokebi/lock-redis against what users switch from
+// (redlock, redis-semaphore), against what they compare with (js-driver: this contract
+// written in JS on ioredis, benchmarks/baseline/js-driver.mjs) and against what Redis itself
+// allows; judges issue 12's targets 1–5 (event-loop CPU, process CPU, Redis CPU, 1-in-flight
+// latency, throughput) plus the memory and drift targets, and issue 37's throughput targets.
 //
 //   node benchmarks/throughput.bench.mjs [--seconds N=5] [--reps N=3] [--only a,b] [--quick]
-//     [--cycles N=1000000] [--warmup S=1] [--out DIR] [--max-other-cpu 0.2] [--retries 2]
+//     [--keys distinct,reused] [--cycles N=1000000] [--warmup S=1] [--out DIR]
+//     [--max-other-cpu 0.2] [--retries 2]
 //
 // ONE throwaway redis-server (__test__/helpers/redis.mjs: --save "" --appendonly no, never the
 // machine's Redis) serves everything, flushed before each measurement:
@@ -13,10 +15,13 @@
 //   same script with -c 1 -P 1 and -c 1 -P 16 (and, for reference, -P 16 of a minimal
 //   SET NX PX + INCR + GET script). Every request uses keys no request used before, as the
 //   pairs below do.
-// - pairs: uncontended acquire → release over distinct keys at 1, 64 and 256 in flight for
-//   this driver, redlock (one ioredis client, retryCount 0), redis-semaphore Mutex
-//   (ioredis) and ioredis-scripts (a plain-JS driver of this contract on one ioredis client
-//   running src/scripts/acquire.lua and release.lua with the driver's keys and arguments):
+// - pairs: uncontended acquire → release at 1, 64 and 256 in flight for this driver, redlock
+//   (one ioredis client, retryCount 0), redis-semaphore Mutex (ioredis) and js-driver (this
+//   contract in JS on one ioredis client: the same keys, scripts, fence and notification),
+//   twice: over distinct keys (`<lib>-<n>`: every acquire seeds a new fence counter, 9
+//   server commands per pair for this driver) and with reused keys (`<lib>-reused-<n>`: each
+//   loop cycling over 100 keys of its own, primed before the warm-up, so the counters exist:
+//   7 commands per pair); `--keys distinct` or `--keys reused` runs one of them:
 //   pairs/s, acquire and pair latency p50/p99, CPU of the Node process per pair over all
 //   threads (process.cpuUsage, so this driver's tokio thread counts too) and of its JS
 //   thread alone (/proc/self/task/<pid>/stat), redis-server CPU per pair, RSS. Every
@@ -32,9 +37,9 @@
 // --retries times.
 //
 // --only takes configuration names or prefixes (dokebi, redlock-64, ceiling, pairs, memory,
-// drift, ...). A full run writes benchmarks/results/<date>-throughput.{json,md,svg}; --quick
-// (1 s, 1 rep, 100 000 drift cycles) and --only runs write to a temporary directory unless
-// --out is given. Needs a release build (npm run build) and the dev dependencies.
+// drift, ...). A full run writes benchmarks/results/<date>-throughput.{json,md,svg} (and
+// -throughput-reused.svg); --quick (1 s, 1 rep, 100 000 drift cycles), --only and --keys runs
+// write to a temporary directory unless --out is given. Needs a release build (npm run build) and the dev dependencies.
 //
 // DOKEBI_BENCH_PACKAGE=<dir> makes the dokebi configurations load another build of this
 // package (a directory holding index.js, binding.js and lock-redis.linux-x64-gnu.node), to
@@ -60,6 +65,7 @@ function parseArgs(argv) {
     seconds: { type: 'string' }, // 5, or 1 with --quick
     reps: { type: 'string' }, // 3, or 1 with --quick
     only: { type: 'string' },
+    keys: { type: 'string', default: 'distinct,reused' },
     quick: { type: 'boolean', default: false },
     cycles: { type: 'string' }, // 1 000 000, or 100 000 with --quick
     warmup: { type: 'string' }, // 1, or 0.5 with --quick
@@ -69,7 +75,7 @@ function parseArgs(argv) {
     help: { type: 'boolean', short: 'h' },
   }, {
     help() {
-      console.log('node benchmarks/throughput.bench.mjs [--seconds N=5] [--reps N=3] [--only a,b] [--quick] [--cycles N=1000000] [--warmup S=1] [--out DIR] [--max-other-cpu 0.2] [--retries 2]');
+      console.log('node benchmarks/throughput.bench.mjs [--seconds N=5] [--reps N=3] [--only a,b] [--quick] [--keys distinct,reused] [--cycles N=1000000] [--warmup S=1] [--out DIR] [--max-other-cpu 0.2] [--retries 2]');
       console.log(`configurations: ${CONFIGS.map((c) => c.name).join(', ')}; groups: ceiling, pairs`);
       process.exit(0);
     },
@@ -80,6 +86,7 @@ function parseArgs(argv) {
     seconds: number(v.seconds, quick ? 1 : 5),
     reps: number(v.reps, quick ? 1 : 3),
     only: v.only === undefined ? null : v.only.split(',').map((s) => s.trim()).filter(Boolean),
+    keys: [...new Set(v.keys.split(',').map((s) => s.trim()).filter(Boolean))],
     quick,
     cycles: number(v.cycles, quick ? 100_000 : 1_000_000),
     warmup: number(v.warmup, quick ? 0.5 : 1),
@@ -93,6 +100,7 @@ function parseArgs(argv) {
   if (!Number.isInteger(opts.reps) || opts.reps < 1) throw new Error('--reps must be an integer >= 1');
   if (!Number.isInteger(opts.cycles) || opts.cycles < 10) throw new Error('--cycles must be an integer >= 10');
   if (!(opts.warmup >= 0)) throw new Error('--warmup must be >= 0');
+  if (!opts.keys.length || opts.keys.some((k) => !KEY_SETS.includes(k))) throw new Error(`--keys takes ${KEY_SETS.join(', ')} or both`);
   return opts;
 }
 
@@ -101,8 +109,13 @@ const LIBRARIES = [
   { library: 'dokebi', label: '@dokebi/lock-redis', note: 'this driver: createRedisLockDriver(url, { leaseMs 10000, maxWaiters 1024 }), defaults otherwise; one tokio worker thread (DOKEBI_LOCK_REDIS_WORKER_THREADS unset)' },
   { library: 'redlock', label: 'redlock 4.2', note: 'redlock 4.2, one ioredis client (auto-pipelining off), retryCount 0, lock(key, 10000) / unlock()' },
   { library: 'semaphore', label: 'redis-semaphore Mutex', note: 'redis-semaphore 5.8 Mutex per key on one ioredis client (auto-pipelining off), lockTimeout 10000, refreshInterval 0 (no auto-refresh timer, like this driver)' },
-  { library: 'ioredis-scripts', label: 'ioredis + our scripts', note: 'the same Redis work from JS (issue 12; reported, not a peer for the verdicts): a plain-JS driver of this contract on one ioredis client (auto-pipelining off) running src/scripts/acquire.lua and release.lua by EVALSHA (loaded with SCRIPT LOAD before the window) with the driver\'s keys (tp:lock:{sha256 hex}, tp:lock-fence:{…}), a random 128-bit hex token and leaseMs 10000; the fence reply is parsed (BigInt); release with the token, channel tp:lock-released and the hash' },
+  { library: 'js-driver', label: 'JS driver, same protocol', note: 'what users compare with (issues 12 and 37; reported, not a peer for the verdicts): benchmarks/baseline/js-driver.mjs, this contract in JS on one ioredis client (auto-pipelining off): keys tp:lock:{sha256 hex} / tp:lock-fence:{…}, src/scripts/acquire.lua and release.lua by EVALSHA (SCRIPT LOAD on connect, EVAL on NOSCRIPT), a random 128-bit token, the fence checked as a decimal string, the release PUBLISH on tp:lock-released, key validation, maxWaiters 1024 and a per-process FIFO line per key; leaseMs 10000' },
 ];
+// Distinct keys: every acquire seeds a fence counter. Reused: each loop cycles over
+// REUSED_KEYS keys of its own (no contention), primed before the warm-up.
+const KEY_SETS = ['distinct', 'reused'];
+const REUSED_KEYS = 100;
+const pairName = (library, n, keys) => (keys === 'reused' ? `${library}-reused-${n}` : `${library}-${n}`);
 const DRIFT_INFLIGHT = 64;
 
 const CONFIGS = [
@@ -113,7 +126,10 @@ const CONFIGS = [
   { name: 'redis-benchmark-P1', group: 'ceiling', kind: 'redis-benchmark', pipeline: 1, script: 'acquire', note: 'redis-benchmark -c 1 -P 1 EVALSHA <acquire.lua> with -r random keys' },
   { name: 'redis-benchmark-P16', group: 'ceiling', kind: 'redis-benchmark', pipeline: 16, script: 'acquire', note: 'redis-benchmark -c 1 -P 16 EVALSHA <acquire.lua> with -r random keys (the pipelined ceiling of the targets)' },
   { name: 'redis-benchmark-P16-minimal', group: 'ceiling', kind: 'redis-benchmark', pipeline: 16, script: 'minimal', note: 'reference: redis-benchmark -c 1 -P 16 EVALSHA of a minimal SET NX PX + INCR + GET script (no EXISTS/TIME fence initialisation)' },
-  ...LIBRARIES.flatMap((l) => LEVELS.map((n) => ({ name: `${l.library}-${n}`, group: 'pairs', kind: 'pairs', library: l.library, inflight: n, note: l.note }))),
+  ...KEY_SETS.flatMap((keys) => LIBRARIES.flatMap((l) => LEVELS.map((n) => ({
+    name: pairName(l.library, n, keys), group: 'pairs', kind: 'pairs', library: l.library, inflight: n, keys,
+    note: keys === 'reused' ? `${l.note}; keys reused: each loop cycles over ${REUSED_KEYS} keys of its own, each acquired and released once before the warm-up (so fence counters exist)` : l.note,
+  })))),
   { name: 'memory', group: 'memory', kind: 'memory', note: 'idle driver vs 10 000 tracked leases + 128 waiters blocked on held keys, after GC, own process' },
   { name: 'drift', group: 'drift', kind: 'drift', execArgv: [], note: `RSS over --cycles acquire/release cycles (distinct keys) at ${DRIFT_INFLIGHT} in flight, own process, Node's default flags` },
   // V8 grows its young generation (semi-spaces) with the allocation rate, here up to 32 MiB
@@ -124,12 +140,13 @@ const CONFIGS = [
 
 const MINIMAL_SCRIPT = "if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('PTTL', KEYS[1]) end\nredis.call('INCR', KEYS[2])\nreturn redis.call('GET', KEYS[2])\n";
 
-function selected(only) {
-  if (!only) return CONFIGS;
+function selected(only, keys) {
+  const all = CONFIGS.filter((c) => c.kind !== 'pairs' || keys.includes(c.keys));
+  if (!only) return all;
   const match = (c, t) => c.name === t || c.name.startsWith(`${t}-`) || c.group === t;
   const unknown = only.filter((t) => !CONFIGS.some((c) => match(c, t)));
   if (unknown.length) throw new Error(`unknown configuration(s): ${unknown.join(', ')}; known: ${CONFIGS.map((c) => c.name).join(', ')}`);
-  return CONFIGS.filter((c) => only.some((t) => match(c, t)));
+  return all.filter((c) => only.some((t) => match(c, t)));
 }
 
 // ---------------------------------------------------------------- children ----
@@ -205,7 +222,7 @@ async function measure(server, cfg, rep, opts, scripts) {
   const base = { rep, seconds: opts.seconds, warmupS: opts.warmup };
   const timeoutMs = (opts.seconds + opts.warmup) * 1000 + 60_000;
   if (cfg.kind === 'pairs') {
-    const r = await runWorker(server, { ...base, mode: 'pairs', library: cfg.library, inflight: cfg.inflight }, { timeoutMs });
+    const r = await runWorker(server, { ...base, mode: 'pairs', library: cfg.library, inflight: cfg.inflight, keys: cfg.keys, reusedKeys: REUSED_KEYS }, { timeoutMs });
     const redisUsPerPair = r.processCpu && r.pairs ? (r.processCpu.redisCpuSeconds * 1e6) / r.pairs : null;
     const cpu = { ...r.cpu, perPairUs: round(r.cpu.perPairUs, 2), jsPerPairUs: round(r.cpu.jsPerPairUs, 2), otherThreadsPerPairUs: round(r.cpu.otherThreadsPerPairUs, 2) };
     return { ...r, redisCpuPerPairUs: round(redisUsPerPair, 2), cpu };
@@ -322,17 +339,19 @@ function summarize(cfg, reps) {
   return null;
 }
 
-// Issue 12's targets 1–5, each judged from this run's medians. Peers: redlock and
-// redis-semaphore with their defaults; ioredis-scripts (the same Redis work from JS) is
-// reported beside them in every detail but is not a peer for the verdicts.
+// Issue 12's targets 1–5 (distinct keys) and issue 37's (both key sets), each judged from
+// this run's medians. Peers: redlock and redis-semaphore with their defaults; js-driver (the
+// same protocol from JS) is reported beside them in every detail, and judged against only
+// where issue 37 names it.
 const PEERS = ['redlock', 'semaphore'];
-const SAME_WORK = 'ioredis-scripts';
+const SAME_WORK = 'js-driver';
 
 function evaluateTargets(med, drifts) {
   const out = [];
   const add = (target, pass, detail) => out.push({ target, result: pass === null || pass === undefined ? 'N/A' : pass ? 'PASS' : 'FAIL', detail });
+  let keys = 'distinct'; // the key set judged below
   const get = (lib, n, metric) => {
-    const m = med[`${lib}-${n}`];
+    const m = med[pairName(lib, n, keys)];
     const v = m && (metric === 'pairsPerSec' ? m.pairsPerSec.median : m[metric]);
     return Number.isFinite(v) ? v : null;
   };
@@ -340,7 +359,7 @@ function evaluateTargets(med, drifts) {
   // The best (lowest or highest) peer value, or null when no peer was measured.
   const bestPeer = (n, metric, lower = true) => PEERS.map((l) => [l, get(l, n, metric)]).filter(([, v]) => v !== null)
     .sort((a, b) => (lower ? a[1] - b[1] : b[1] - a[1]))[0] ?? null;
-  // "vs redlock 12.1 µs, semaphore 11.0 µs; ioredis-scripts 18.4 µs (0.45x)": every row, with our ratio to each.
+  // "vs redlock 12.1 µs, semaphore 11.0 µs; js-driver 18.4 µs (0.45x)": every row, with our ratio to each.
   const others = (n, metric, unit, d) => {
     const ours = get('dokebi', n, metric);
     return [...PEERS, SAME_WORK].map((l) => [l, get(l, n, metric)]).filter(([, v]) => v !== null)
@@ -350,7 +369,7 @@ function evaluateTargets(med, drifts) {
     const ours = get('dokebi', n, metric);
     const ref = against ? (get(against, n, metric) === null ? null : [against, get(against, n, metric)]) : bestPeer(n, metric, lower);
     const pass = ours === null || !ref ? null : lower ? ours <= factor * ref[1] : ours >= factor * ref[1];
-    add(target, pass, ours === null || !ref ? `not measured (needs dokebi-${n} and ${against ? `${against}-${n}` : `a peer at ${n}`})`
+    add(target, pass, ours === null || !ref ? `not measured (needs ${pairName('dokebi', n, keys)} and ${against ? pairName(against, n, keys) : `a peer at ${n}`})`
       : `${fmt(ours, d)}${unit} vs ${against ? '' : 'best peer '}${label(ref[0])} ${fmt(ref[1], d)}${unit}: ${fmt(ours / ref[1], 2)}x (needs ${lower ? '<=' : '>='} ${factor}x); all: ${others(n, metric, unit, d)}`);
   };
   for (const n of [64, 256]) {
@@ -365,6 +384,18 @@ function evaluateTargets(med, drifts) {
   judge(1, 'pairP50Ms', { target: '4. latency, 1 in flight: pair p50 <= 1.10x the best peer\'s', unit: ' ms', d: 3, factor: 1.1 });
   for (const n of [64, 256]) {
     judge(n, 'pairsPerSec', { target: `5. throughput, ${n} in flight: pairs/s >= redlock's`, unit: '', d: 0, factor: 1, lower: false, against: 'redlock' });
+  }
+  // Issue 37 (a fast machine): the same measures, tighter, with reused keys too.
+  for (keys of KEY_SETS) {
+    const k = `issue 37, ${keys} keys`;
+    judge(1, 'pairP50Ms', { target: `${k}: pair p50 at 1 in flight <= the best peer's`, unit: ' ms', d: 3, factor: 1 });
+    for (const n of [64, 256]) {
+      judge(n, 'pairsPerSec', { target: `${k}, ${n} in flight: pairs/s >= the best peer's`, unit: '', d: 0, factor: 1, lower: false });
+      judge(n, 'pairsPerSec', { target: `${k}, ${n} in flight: pairs/s >= 1.5x the same-protocol JS driver's`, unit: '', d: 0, factor: 1.5, lower: false, against: SAME_WORK });
+      judge(n, 'cpuPerPairUs', { target: `${k}, ${n} in flight: CPU per pair over all threads <= 0.8x the best peer's`, unit: ' µs', d: 1, factor: 0.8 });
+      judge(n, 'jsCpuPerPairUs', { target: `${k}, ${n} in flight: JS-thread CPU per pair <= 0.4x the best peer's`, unit: ' µs', d: 1, factor: 0.4 });
+      if (keys === 'reused') judge(n, 'redisCpuPerPairUs', { target: `${k}, ${n} in flight: redis-server CPU per pair <= 1.1x redlock's`, unit: ' µs', d: 1, factor: 1.1, against: 'redlock' });
+    }
   }
   const mem = med.memory;
   add('10 000 leases + 128 waiters < 20 MB RSS over the idle driver', mem ? mem.loadedOverIdleRssMiB * MiB < 20e6 : null,
@@ -385,8 +416,11 @@ const range = (s) => (s && Number.isFinite(s.min) ? `${int(s.min)}–${int(s.max
 
 function tables(configs, med, drifts) {
   const lines = [];
-  const pairCfgs = configs.filter((c) => c.kind === 'pairs');
-  if (pairCfgs.length) {
+  for (const keys of KEY_SETS) {
+    const pairCfgs = configs.filter((c) => c.kind === 'pairs' && c.keys === keys);
+    if (!pairCfgs.length) continue;
+    lines.push(keys === 'reused' ? `Reused keys (each loop cycling over ${REUSED_KEYS} keys of its own; fence counters exist):` : 'Distinct keys (a new key, and a new fence counter, every pair):');
+    lines.push('');
     lines.push('| library | in flight | pairs/s (median) | reps min–max | acquire p50 / p99 (ms) | pair p50 / p99 (ms) | Node CPU per pair (µs): all threads (JS thread / others) | redis-server CPU per pair (µs) | RSS (MiB) | failures |');
     lines.push('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
     for (const c of pairCfgs) {
@@ -431,10 +465,11 @@ function tables(configs, med, drifts) {
   return lines.join('\n');
 }
 
-function chart(configs, med, date, commandLine, redisVersion) {
-  const pairLibs = LIBRARIES.filter((l) => configs.some((c) => c.kind === 'pairs' && c.library === l.library));
+function chart(configs, med, date, commandLine, redisVersion, keys) {
+  const pairLibs = LIBRARIES.filter((l) => configs.some((c) => c.kind === 'pairs' && c.keys === keys && c.library === l.library));
   if (!pairLibs.length) return null;
-  const ceil = (n) => med[n]?.opsPerSec.median;
+  // The ceilings run the acquire script on new keys: drawn on the distinct-keys chart only.
+  const ceil = (n) => (keys === 'distinct' ? med[n]?.opsPerSec.median : undefined);
   const lines = [];
   if (ceil('redis-benchmark-P16')) {
     lines.push({ label: 'redis-benchmark -P 16 ÷ 2', value: ceil('redis-benchmark-P16') / 2, color: '#dc2626', dash: '8 4' });
@@ -443,10 +478,10 @@ function chart(configs, med, date, commandLine, redisVersion) {
   if (ceil('evalsha-ioredis-1')) lines.push({ label: 'raw ioredis EVALSHA ÷ 2 at 1 in flight', value: ceil('evalsha-ioredis-1') / 2, color: '#6b7280', dash: '4 3', groups: [0] });
   if (ceil('evalsha-ioredis-64')) lines.push({ label: 'at 64 in flight (drawn at 64 and 256)', value: ceil('evalsha-ioredis-64') / 2, color: '#6b7280', dash: '4 3', groups: [1, 2] });
   return chartSvg({
-    title: `Uncontended acquire+release pairs/s, distinct keys (${date})`,
-    subtitle: [commandLine, `one redis-server ${redisVersion} on loopback, ${os.cpus().length} cores, medians; ceilings: the acquire script (EVALSHA) alone, ÷ 2`],
+    title: keys === 'reused' ? `Uncontended acquire+release pairs/s, keys reused: ${REUSED_KEYS} per loop (${date})` : `Uncontended acquire+release pairs/s, distinct keys (${date})`,
+    subtitle: [commandLine, `one redis-server ${redisVersion} on loopback, ${os.cpus().length} cores, medians${keys === 'reused' ? '' : '; ceilings: the acquire script (EVALSHA) alone, ÷ 2'}`],
     levels: LEVELS,
-    series: pairLibs.map((l) => ({ library: l.library, label: l.label, values: LEVELS.map((n) => med[`${l.library}-${n}`]?.pairsPerSec ?? null) })),
+    series: pairLibs.map((l) => ({ library: l.library, label: l.label, values: LEVELS.map((n) => med[pairName(l.library, n, keys)]?.pairsPerSec ?? null) })),
     lines,
   });
 }
@@ -458,7 +493,7 @@ let opts_;
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
   opts_ = opts;
-  const configs = selected(opts.only);
+  const configs = selected(opts.only, opts.keys);
   delete process.env.REDIS_URL; // the harness would wrap it; this benchmark wants its own server
   const { startRedis } = await import('../__test__/helpers/redis.mjs');
   const startedAt = new Date();
@@ -469,7 +504,7 @@ async function main() {
   const addonAtStart = addonInfo(acquireSource);
   const git = gitInfo();
   if (addonAtStart.build !== 'release') console.error(`WARNING: ${addonAtStart.file} is a ${addonAtStart.build ?? 'missing'} build; run npm run build (release) first`);
-  if (addonAtStart.embedsAcquireScript === false) console.error(`WARNING: ${addonAtStart.file} was not built from the current src/scripts/acquire.lua (the ceiling and ioredis-scripts run the file, dokebi the copy built in); run npm run build`);
+  if (addonAtStart.embedsAcquireScript === false) console.error(`WARNING: ${addonAtStart.file} was not built from the current src/scripts/acquire.lua (the ceiling and js-driver run the file, dokebi the copy built in); run npm run build`);
   if (packageDir !== root) console.error(`DOKEBI_BENCH_PACKAGE: the dokebi configurations load ${packageDir}`);
 
   const server = await startRedis();
@@ -520,7 +555,7 @@ async function main() {
     for (const cfg of configs.filter((c) => c.kind === 'drift')) {
       let rate = med['dokebi-64']?.pairsPerSec.median;
       if (!rate) {
-        const probe = await measure(server, { kind: 'pairs', library: 'dokebi', inflight: DRIFT_INFLIGHT }, 0, { ...opts, seconds: 1, warmup: 0.3 }, scripts);
+        const probe = await measure(server, { kind: 'pairs', library: 'dokebi', inflight: DRIFT_INFLIGHT, keys: 'distinct' }, 0, { ...opts, seconds: 1, warmup: 0.3 }, scripts);
         rate = probe.pairsPerSec;
       }
       const drift = await runDrift(server, opts, rate, cfg);
@@ -562,7 +597,8 @@ async function main() {
         drift: { cycles: opts.cycles, inflight: DRIFT_INFLIGHT },
         scripts: { acquire: scripts.acquire, minimal: scripts.minimal, minimalSource: MINIMAL_SCRIPT },
         definitions: {
-          pair: 'acquire(key) then release() of the returned lease, over a key no operation used before (uncontended)',
+          pair: 'acquire(key) then release() of the returned lease, uncontended: distinct keys, a key no operation used before; reused keys, each loop cycling over reusedKeys keys of its own, all acquired and released once before the warm-up (so fence counters exist)',
+          reusedKeys: REUSED_KEYS,
           pairsPerSec: 'pairs started and finished inside the measured window / window (after the warm-up)',
           latency: 'acquire: call → resolved; pair: acquire call → release resolved (performance.now, ms)',
           cpuPerPair: 'process.cpuUsage() delta of the worker process over the window / pairs (all threads: JS, libuv, tokio)',
@@ -578,7 +614,7 @@ async function main() {
       contaminatedRuns: Object.entries(raw).flatMap(([n, reps]) => reps.map((r, i) => (r.contaminated ? `${n} rep ${i + 1}` : null)).filter(Boolean)),
     };
     const results = Object.fromEntries(perRep.map((c) => [c.name, { note: c.note, medians: med[c.name], repetitions: raw[c.name] }]));
-    const full = !opts.quick && !opts.only && packageDir === root;
+    const full = !opts.quick && !opts.only && opts.keys.length === KEY_SETS.length && packageDir === root;
     const resultsDir = opts.out ?? (full ? path.join(here, 'results') : mkdtempSync(path.join(os.tmpdir(), 'dokebi-throughput-')));
     mkdirSync(resultsDir, { recursive: true });
     const json = (x) => JSON.stringify(x, null, 2) + '\n';
@@ -586,10 +622,13 @@ async function main() {
     const base = path.join(resultsDir, `${date}-throughput`);
     writeFileSync(`${base}.json`, json({ ...meta, results, drift: drifts, targets: verdicts }));
     written.push(`${base}.json`);
-    const svg = chart(configs, med, date, commandLine, serverInfo.redis_version);
-    if (svg) {
-      writeFileSync(`${base}.svg`, svg);
-      written.push(`${base}.svg`);
+    const svgs = {};
+    for (const keys of KEY_SETS) {
+      const svg = chart(configs, med, date, commandLine, serverInfo.redis_version, keys);
+      if (!svg) continue;
+      svgs[keys] = `${date}-throughput${keys === 'reused' ? '-reused' : ''}.svg`;
+      writeFileSync(path.join(resultsDir, svgs[keys]), svg);
+      written.push(path.join(resultsDir, svgs[keys]));
     }
     const noise = perRep.filter((c) => c.kind !== 'memory' && raw[c.name].length > 1)
       .map((c) => `${c.name} ${fmt(100 * ((c.kind === 'pairs' ? med[c.name].pairsPerSec : med[c.name].opsPerSec).spread ?? 0), 0)}%`);
@@ -598,12 +637,12 @@ async function main() {
     const md = [
       `# Throughput and memory, ${date}`,
       '',
-      `\`${commandLine}\` — ${opts.seconds} s per configuration after ${opts.warmup} s of warm-up, ${opts.reps} repetition(s) interleaved, medians; one throwaway redis-server ${serverInfo.redis_version} on loopback (--save "" --appendonly no); keys never reused.`,
+      `\`${commandLine}\` — ${opts.seconds} s per configuration after ${opts.warmup} s of warm-up, ${opts.reps} repetition(s) interleaved, medians; one throwaway redis-server ${serverInfo.redis_version} on loopback (--save "" --appendonly no); keys: ${opts.keys.map((k) => (k === 'reused' ? `reused (${REUSED_KEYS} per loop)` : 'distinct')).join(' and ')}.`,
       `Machine: ${meta.machine.cpu} × ${meta.machine.cores}, ${(meta.machine.totalMemoryBytes / 2 ** 30).toFixed(0)} GiB, ${os.type()} ${os.release()} (shared with other work; load average ${loadBefore.map((x) => x.toFixed(2)).join(' ')} before, ${os.loadavg().map((x) => x.toFixed(2)).join(' ')} after). Node ${process.version}; ` +
         Object.entries(meta.versions).filter(([n]) => !['node', 'redisServer', 'redisBenchmark'].includes(n)).map(([n, v]) => `${n} ${v}`).join(', ') + '.',
       `Addon: ${addonAtStart.file}, ${addonAtStart.build} build, sha256 ${addonAtStart.sha256}…, git ${git.head?.slice(0, 7)}${git.dirty?.length ? ` + uncommitted changes in ${git.dirty.map((l) => l.slice(3)).join(', ')}` : ''}${addonAtStart.embedsAcquireScript === false ? ' — NOT BUILT FROM THE CURRENT acquire.lua' : ''}${addonChanged ? ' — CHANGED DURING THE RUN' : ''}.`,
       '',
-      ...(svg ? [`![pairs per second](${date}-throughput.svg)`, ''] : []),
+      ...Object.entries(svgs).flatMap(([keys, file]) => [`![pairs per second, ${keys} keys](${file})`, '']),
       tables(configs, med, drifts),
       ...(noise.length ? [`Noise, (max − min) / median over the repetitions: ${noise.join(', ')}.${discarded.length ? ` ${discarded.length} run(s) discarded for other processes' CPU use or steal and repeated.` : ''}`, ''] : []),
       ...(busy.length ? [`Share of the machine taken by other processes / by the hypervisor's steal during the measured windows (median): ${busy.join(', ')}.`, ''] : []),

@@ -7,22 +7,23 @@
 // and other processes then), optional {type:'progress'}, then {type:'result', ...} and exit.
 //
 // Modes:
-//   pairs   `inflight` loops of acquire → release over distinct keys, for --seconds after a
-//           warm-up, with one client of `library` (dokebi | redlock | semaphore |
-//           ioredis-scripts: this project's own Lua scripts from a plain-JS driver).
+//   pairs   `inflight` loops of acquire → release, for --seconds after a warm-up, with one
+//           client of `library` (dokebi | redlock | semaphore | js-driver: this contract
+//           driven from JS, benchmarks/baseline/js-driver.mjs), over distinct keys (`keys`
+//           'distinct') or each loop cycling over its own `reusedKeys` keys ('reused').
 //   evalsha `inflight` loops of raw EVALSHA of the driver's own acquire script from ioredis
 //           (auto-pipelining off or on): the ceiling for what a client on Node can do.
 //   memory  RSS and heap of an idle driver, then with `leases` tracked leases and `waiters`
 //           waiters blocked on held keys (needs --expose-gc).
 //   drift   `cycles` acquire/release cycles at `inflight`, RSS at checkpoints (needs --expose-gc).
 
-import { createHash, randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import v8 from 'node:v8';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Samples, root, jsThreadCpuUs } from './lib.mjs';
+import { createJsLockDriver } from './baseline/js-driver.mjs';
 
 const require = createRequire(import.meta.url);
 const now = () => performance.now();
@@ -85,6 +86,14 @@ async function makeAdapter(library, url) {
       close: () => driver.shutdown(),
     };
   }
+  if (library === 'js-driver') {
+    const driver = await createJsLockDriver(url, { namespace: 'tp', leaseMs: LEASE_MS, maxWaiters: 1024 });
+    return {
+      acquire: (key) => driver.acquire(key),
+      release: (lease) => lease.release(),
+      close: () => driver.close(),
+    };
+  }
   const client = await ioredisClient(url);
   if (library === 'redlock') {
     const { default: Redlock } = await import('redlock');
@@ -111,45 +120,13 @@ async function makeAdapter(library, url) {
       close: () => client.disconnect(),
     };
   }
-  if (library === 'ioredis-scripts') return scriptsAdapter(client);
   throw new Error(`unknown library ${library}`);
-}
-
-/**
- * "The same Redis work from JS" (issue 12): a plain-JS driver of this contract on one
- * ioredis client, running this project's own scripts with the driver's key layout and
- * arguments, so that what differs from the dokebi rows is the client side alone.
- * Uncontended only: a busy key (PTTL reply) is an error here, as with redlock's retryCount 0.
- */
-async function scriptsAdapter(client) {
-  const load = (name) => client.script('LOAD', readFileSync(path.join(root, 'src/scripts', name), 'utf8'));
-  // Loaded before the window, as the driver loads its scripts on connect.
-  const acquireSha = await load('acquire.lua');
-  const releaseSha = await load('release.lua');
-  const ns = 'tp';
-  const channel = `${ns}:lock-released`;
-  return {
-    acquire: async (key) => {
-      const hash = createHash('sha256').update(key).digest('hex');
-      const lock = `${ns}:lock:{${hash}}`;
-      const token = randomBytes(16).toString('hex');
-      const reply = await client.evalsha(acquireSha, 2, lock, `${ns}:lock-fence:{${hash}}`, token, LEASE_MS);
-      if (typeof reply !== 'string') throw Object.assign(new Error('lock is held'), { code: 'LOCK_BUSY' });
-      const fence = BigInt(reply); // what the contract hands out is a decimal string: check it is one
-      return { lock, hash, token, fence: fence >= 0n ? reply : null };
-    },
-    release: async (lease) => {
-      const r = await client.evalsha(releaseSha, 1, lease.lock, lease.token, channel, lease.hash);
-      if (r === 0) throw Object.assign(new Error('lease lost'), { code: 'LEASE_LOST' });
-    },
-    close: () => client.disconnect(),
-  };
 }
 
 // ------------------------------------------------------------- timed loops ----
 
 /**
- * Runs `inflight` loops of `op(seq) → latencies` for warm-up + window seconds; counts the
+ * Runs `inflight` loops of `op(seq, loopIndex) → latencies` for warm-up + window seconds; counts the
  * operations that completed inside the window. `op` returns [firstMs, totalMs].
  */
 async function timedLoops({ inflight, warmupS, seconds }, op) {
@@ -162,12 +139,12 @@ async function timedLoops({ inflight, warmupS, seconds }, op) {
   let windowEnd = Infinity;
   let done = 0;
 
-  async function loop() {
+  async function loop(index) {
     while (!stop) {
       const t0 = now();
       let lat;
       try {
-        lat = await op(seq++);
+        lat = await op(seq++, index);
       } catch (err) {
         const code = String(err?.code ?? err?.name ?? 'Error');
         failures[code] = (failures[code] ?? 0) + 1;
@@ -183,7 +160,7 @@ async function timedLoops({ inflight, warmupS, seconds }, op) {
     }
   }
 
-  const loops = Array.from({ length: inflight }, loop);
+  const loops = Array.from({ length: inflight }, (_, i) => loop(i));
   const failed = Promise.all(loops).then(() => null, (err) => err);
   await Promise.race([sleep(warmupS * 1000), failed]);
 
@@ -229,12 +206,25 @@ const hex64 = (prefix, n) => `${prefix}{${n.toString(16).padStart(64, '0')}}`;
 
 async function pairs(init) {
   const adapter = await makeAdapter(init.library, init.url);
-  const prefix = `tp:${init.library}:${init.inflight}:${init.rep}:`;
+  const prefix = `tp:${init.library}:${init.keys}:${init.inflight}:${init.rep}:`;
   // Connection open and scripts loaded before the warm-up clock starts.
   await adapter.release(await adapter.acquire(`${prefix}first`));
-  const r = await timedLoops(init, async (seq) => {
+  let key = (seq) => prefix + seq;
+  if (init.keys === 'reused') {
+    // Each loop its own keys, so that reusing them never contends; one pass over all of them
+    // before the warm-up, so that every fence counter exists when the window opens.
+    const keys = Array.from({ length: init.inflight }, (_, l) => Array.from({ length: init.reusedKeys }, (_, k) => `${prefix}${l}:${k}`));
+    const next = new Array(init.inflight).fill(0);
+    await Promise.all(keys.map(async (own) => {
+      for (const k of own) await adapter.release(await adapter.acquire(k));
+    }));
+    key = (seq, loop) => keys[loop][next[loop]++ % init.reusedKeys];
+  } else if (init.keys !== 'distinct') {
+    throw new Error(`unknown keys ${init.keys}`);
+  }
+  const r = await timedLoops(init, async (seq, loop) => {
     const t0 = now();
-    const handle = await adapter.acquire(prefix + seq);
+    const handle = await adapter.acquire(key(seq, loop));
     const t1 = now();
     await adapter.release(handle);
     return [t1 - t0, now() - t0];
