@@ -188,3 +188,38 @@ async fn through_sentinel_dropped_flows_to_the_primary_and_to_the_sentinel_are_r
     .await;
     d.shutdown().await.unwrap();
 }
+
+/// An acquire sent into a flow a middlebox had already dropped never runs, but its reply
+/// never comes either, and the flow looks open forever. The late-reply chase tells it apart
+/// from a stalled server (the server answers on a new connection, the dropped flow answers
+/// nothing) and ends, so shutdown confirms everything instead of CLEANUP_TIMEOUT (the chaos
+/// run's standalone smoke met this at the end of a run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_lost_in_a_dropped_flow_does_not_hold_up_shutdown() {
+    if support::external() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let mb = Middlebox::start(redis.port);
+    let d = notifying_driver(
+        connection(
+            &mb.url_for(redis.url()),
+            &[("pingIntervalMs", Raw::Number(0.0)), ("commandTimeoutMs", Raw::Number(300.0))],
+        ),
+        "lost",
+        "namespace",
+        &[("leaseMs", 500.0), ("shutdownTimeoutMs", 10_000.0)],
+    );
+    let lease = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap();
+    assert!(d.release(&lease).await.unwrap());
+    assert_eq!(mb.cut(Flows::All, Drop::Silently), 1);
+    let err = d.acquire("k", Some(0), CancellationToken::new()).await.unwrap_err();
+    assert_eq!(err.code, LockErrorCode::OutcomeUnknown);
+    eventually("the chase past the lease", Duration::from_secs(5), || {
+        d.overdue_acquire_replies() == 1
+    })
+    .await;
+    eventually("the chase ended", Duration::from_secs(5), || d.overdue_acquire_replies() == 0)
+        .await;
+    d.shutdown().await.unwrap();
+}

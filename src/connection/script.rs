@@ -92,6 +92,40 @@ impl RedisLink {
         reply
     }
 
+    /// Whether `conn`'s flow is dead although it looks open (a NAT or load balancer forgot
+    /// it): the server answers a PING on another connection, and then a PING sent on `conn`
+    /// — behind whatever is still unanswered there — gets no answer within commandTimeoutMs.
+    /// A server that answers others has run everything that reached it, so what `conn` still
+    /// awaits never reached it, and a forgotten flow never delivers it later (decision 0167).
+    /// False whenever that cannot be told: the server not answering either (stalled: what
+    /// is queued may still run), no other connection, or a Cluster connection (its PING
+    /// would go to any node).
+    pub(crate) async fn carries_nothing(self: &Arc<Self>, conn: &Conn) -> bool {
+        if !matches!(conn.inner, Handle::Single(_)) {
+            return false;
+        }
+        let ping = redis::cmd("PING");
+        let answered = |reply: Result<Result<Value, RedisFailure>, _>| match reply {
+            Ok(Ok(_)) => true,
+            Ok(Err(failure)) => failure.server_code.is_some(),
+            Err(_) => false,
+        };
+        let Ok(other) = self.connection().await else { return false };
+        if other.generation() == conn.generation()
+            || !answered(
+                tokio::time::timeout(self.command_timeout, self.command_on(&other, &ping)).await,
+            )
+        {
+            return false;
+        }
+        match tokio::time::timeout(self.command_timeout, self.command_on(conn, &ping)).await {
+            Err(_) => true,
+            // Refused before it was sent (closed, no longer the primary): no evidence.
+            Ok(Err(failure)) if failure.surely_not_applied() => false,
+            Ok(reply) => !answered(Ok(reply)),
+        }
+    }
+
     /// Sends `pipe` on `conn` itself, in one write to one node connection: in a Cluster, to
     /// the primary of `route_key`'s slot, and its commands are not routed one by one (a key
     /// of another node answers MOVED). Not timed, like `command_on`.

@@ -69,7 +69,7 @@ impl Driver {
                     // We stop waiting now: a key it set lives until now + leaseMs, if the
                     // command ran by now (decision 0005 on a reply that never comes).
                     let gone_by = key_expiry(clock::now(), lease_ms);
-                    return this.chase_late_reply(eval, &keys, &token, gone_by).await;
+                    return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
                 }
             };
             let answered = clock::now();
@@ -136,10 +136,13 @@ impl Driver {
     /// already). Past `gone_by` a key it set before the timeout has expired, but a Redis
     /// stalled that long (a slow script, a long fork) runs the acquire when it wakes: only
     /// its reply tells, so it is awaited for as long as the connection lives (decision
-    /// 0167), and released by token if it may be a win.
+    /// 0167), and released by token if it may be a win. A flow a middlebox dropped without
+    /// a word looks alive forever; it is told apart by [`RedisLink::carries_nothing`], and
+    /// then nothing sent on it will ever run: the chase ends.
     async fn chase_late_reply(
         &self,
         mut eval: Pin<&mut impl Future<Output = Result<redis::Value, RedisFailure>>>,
+        conn: &Conn,
         keys: &Arc<KeyNames>,
         token: &str,
         gone_by: Instant,
@@ -166,8 +169,16 @@ impl Driver {
             ));
             return;
         };
-        let reply = eval.await;
-        self.late_reply(reply, keys, token).await;
+        let link = &self.inner.link;
+        loop {
+            tokio::select! {
+                reply = &mut eval => return self.late_reply(reply, keys, token).await,
+                _ = tokio::time::sleep(link.command_timeout) => {}
+            }
+            if link.carries_nothing(conn).await {
+                return;
+            }
+        }
     }
 
     /// A late acquire reply came: a win, or what may hide one, is released by token.
