@@ -21,8 +21,9 @@ redis-server --port "$port" --save '' --appendonly no --daemonize no --dir "$wor
 rpid=$!
 trap 'kill $rpid 2>/dev/null; rm -rf "$work"' EXIT
 sleep 0.5
-perf record -q -e cpu-clock -F 15000 -o "$work/perf.data" -- \
-  node --perf-basic-prof "$here/callgrind-pairs.mjs" --url "redis://127.0.0.1:$port" --pairs "$PAIRS" --inflight "$INFLIGHT" >/dev/null 2>&1
+# Run from the scratch folder: --perf-basic-prof also leaves V8 isolate logs in the cwd.
+(cd "$work" && perf record -q -e cpu-clock -F 15000 -o "$work/perf.data" -- \
+  node --perf-basic-prof "$here/callgrind-pairs.mjs" --url "redis://127.0.0.1:$port" --pairs "$PAIRS" --inflight "$INFLIGHT" >/dev/null 2>&1)
 # The addon's runtime threads are named dokebi-lock-redis (15 characters kept: dokebi-lock-red).
 for comm in MainThread dokebi-lock-red; do
   perf report -i "$work/perf.data" --no-children -g none --comm "$comm" --sort dso,sym --stdio --percent-limit 0 2>/dev/null \
