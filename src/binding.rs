@@ -489,13 +489,21 @@ impl NativeDriver {
         env: &'env Env,
         id: i64,
     ) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
-        // Invalid the moment release() is called, before the future runs.
-        let releasing = self.driver.release_by_id(id as u64);
-        settle::spawn(
+        // Invalid the moment release() is called, before the future runs. The release and
+        // its promise's settling share one tracked task (shutdown waits for it); a lease
+        // no longer tracked was released already: false, asking Redis nothing.
+        let driver = &self.driver;
+        let releasing = driver.lease(id as u64).and_then(|lease| driver.releasing(&lease));
+        settle::spawn_with(
             env,
             runtime(),
+            |task| driver.spawn_tracked(task, runtime()),
             async move {
-                match releasing.await {
+                let released = match releasing {
+                    Some(releasing) => releasing.await,
+                    None => Ok(false),
+                };
+                match released {
                     Ok(released) => Either::A(released),
                     Err(e) => Either::B(e.into()),
                 }

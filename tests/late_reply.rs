@@ -113,3 +113,29 @@ async fn shutdown_past_its_timeout_on_a_late_acquire_reply_is_cleanup_timeout_an
     redis.resume();
     taken_back_by_token(&redis, "timeout").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_while_its_script_is_in_flight_is_taken_back_once_redis_answers() {
+    let redis = RedisServer::start();
+    // A long commandTimeoutMs: the attempt still awaits its reply when its caller drops it.
+    let conn = connection(redis.url(), &[("commandTimeoutMs", Raw::Number(10_000.0))]);
+    let d = driver(conn, "dropped", &[("leaseMs", 10_000.0)]);
+    d.release(&d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap()).await.unwrap();
+    redis.pause();
+    let acquiring = d.acquire("k", Some(0), CancellationToken::new());
+    let dropped = tokio::time::timeout(Duration::from_millis(200), acquiring).await;
+    assert!(dropped.is_err(), "the acquire was still in flight when its caller dropped it");
+    redis.resume();
+    let fence = format!("dropped:lock-fence:{{{}}}", hash("k"));
+    eventually("the dropped acquire's script to run", Duration::from_secs(10), || {
+        value(&redis.command(&["EXISTS", &fence])) == "1"
+    })
+    .await;
+    // Its 10 s lease would hold the key past this bound had nobody seen the reply.
+    let key = format!("dropped:lock:{{{}}}", hash("k"));
+    eventually("the dropped acquire's key to be taken back", Duration::from_secs(5), || {
+        value(&redis.command(&["EXISTS", &key])) == "0"
+    })
+    .await;
+    d.shutdown().await.unwrap();
+}

@@ -212,6 +212,40 @@ where
     T: ToNapiValue + Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
+    let (promise, task) = settled_by(env, runtime, future, on_panic)?;
+    runtime.spawn(task);
+    Ok(promise)
+}
+
+/// [`spawn`], the task handed to `spawner` (boxed) instead of spawned on the runtime: e.g.
+/// as one of a driver's tracked tasks, so that the work and the settling run in one task.
+pub fn spawn_with<'env, T, F>(
+    env: &'env Env,
+    runtime: &tokio::runtime::Handle,
+    spawner: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
+    future: F,
+    on_panic: fn() -> T,
+) -> Result<PromiseRaw<'env, T>>
+where
+    T: ToNapiValue + Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let (promise, task) = settled_by(env, runtime, future, on_panic)?;
+    spawner(Box::pin(task));
+    Ok(promise)
+}
+
+/// A new promise of this JS thread, and the task that runs `future` and settles it.
+fn settled_by<'env, T, F>(
+    env: &'env Env,
+    runtime: &tokio::runtime::Handle,
+    future: F,
+    on_panic: fn() -> T,
+) -> Result<(PromiseRaw<'env, T>, impl Future<Output = ()> + Send + 'static)>
+where
+    T: ToNapiValue + Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
     let raw_env = env.raw();
     let handle = settler(raw_env)?;
     let mut deferred = ptr::null_mut();
@@ -238,7 +272,7 @@ where
     {
         runtime.spawn(stay_awake(stay_awake_for()));
     }
-    runtime.spawn(async move {
+    let task = async move {
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
             match AssertUnwindSafe(future).catch_unwind().await {
                 Ok(output) => Box::new(move |env| unsafe { T::to_napi_value(env, output) }),
@@ -265,6 +299,6 @@ where
             // The environment is gone (or going): nobody can observe this promise.
             drop(unsafe { Box::from_raw(data) });
         }
-    });
-    Ok(PromiseRaw::new(raw_env, promise))
+    };
+    Ok((PromiseRaw::new(raw_env, promise), task))
 }

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -141,16 +142,23 @@ impl Driver {
                 }
                 Some(Err(failure)) => Attempt::Failed(failure),
                 Some(Ok(conn)) => {
-                    let mut reply = self.spawn_attempt(conn, keys.clone());
-                    tokio::select! {
-                        biased;
-                        r = &mut reply => match r {
-                            Ok(attempt) => attempt,
-                            // The attempt's task panicked: it may have run, so the wait ends.
-                            Err(_) => return Err(internal_error("acquire attempt")),
-                        },
-                        _ = inner.stopping.cancelled() => { self.salvage(reply); return Err(LockError::shut_down()) }
-                        _ = cancel.cancelled() => { self.salvage(reply); return Err(LockError::aborted()) }
+                    let (mut attempt, mut reply) = self.attempt(conn, keys.clone());
+                    // Driven here until it answers; dropped then (or on leaving), what is
+                    // left of it goes on in a task of its own.
+                    let answer = loop {
+                        tokio::select! {
+                            biased;
+                            r = &mut reply => break r,
+                            _ = &mut attempt, if !attempt.is_done() => {}
+                            _ = inner.stopping.cancelled() => { drop(attempt); self.salvage(reply); return Err(LockError::shut_down()) }
+                            _ = cancel.cancelled() => { drop(attempt); self.salvage(reply); return Err(LockError::aborted()) }
+                        }
+                    };
+                    drop(attempt);
+                    match answer {
+                        Ok(attempt) => attempt,
+                        // The attempt panicked: it may have run, so the wait ends.
+                        Err(_) => return Err(internal_error("acquire attempt")),
                     }
                 }
             };
@@ -206,11 +214,24 @@ impl Driver {
     }
 
     /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
+    /// Work ready at once (the first in its line, a connection already open) registers on
+    /// neither token: each registration takes two locks, and an uncontended acquire passes
+    /// here twice (benchmarks/results/2026-12-06-where-it-goes.md).
     async fn unless_stopped<T>(
         &self,
         cancel: &CancellationToken,
         work: impl Future<Output = T>,
     ) -> Result<T, LockError> {
+        if self.inner.stopping.is_cancelled() {
+            return Err(LockError::shut_down());
+        }
+        if cancel.is_cancelled() {
+            return Err(LockError::aborted());
+        }
+        let mut work = std::pin::pin!(work);
+        if let Poll::Ready(out) = futures::poll!(work.as_mut()) {
+            return Ok(out);
+        }
         tokio::select! {
             biased;
             _ = self.inner.stopping.cancelled() => Err(LockError::shut_down()),

@@ -1,13 +1,20 @@
-//! One acquire attempt's life: the script runs in its own task on a connection the waiter
-//! already holds, so nothing is sent for a caller that left while connecting, and a reply
-//! that arrives after the caller gave up is still seen and cleaned up (decisions 0004, 0005).
+//! One acquire attempt's life: the script runs on a connection the waiter already holds, so
+//! nothing is sent for a caller that left while connecting, and a reply that arrives after
+//! the caller gave up is still seen and cleaned up (decisions 0004, 0005). The waiter runs
+//! the attempt inline while it awaits the reply ([`Inline`]); from the moment it stops
+//! awaiting (shutdown, its signal, a dropped acquire) or has its answer, what is left of
+//! the attempt (a late reply's chase) goes on as a tracked task of its own.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
+use futures::FutureExt;
 use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 
 use super::Driver;
 use crate::clock::{self, Instant};
@@ -35,72 +42,76 @@ fn may_have_won(reply: &Result<redis::Value, RedisFailure>) -> bool {
 }
 
 impl Driver {
-    /// Runs one acquire script on `conn` in its own task. If the waiter left before the
-    /// task got to send it, nothing is sent.
-    pub(crate) fn spawn_attempt(
+    /// One acquire script on `conn`, to be run inline by the waiter that awaits its answer
+    /// on the receiver. If the waiter left before it got to send it, nothing is sent.
+    pub(crate) fn attempt(
         &self,
         conn: Conn,
         keys: Arc<KeyNames>,
-    ) -> oneshot::Receiver<Attempt> {
+    ) -> (Inline, oneshot::Receiver<Attempt>) {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        // Boxed: tokio copies a task's whole future on spawn and again on each change of its
-        // stage; this one (the script, its timeout and the chase of a late reply) is large.
-        self.inner.tasks.spawn(Box::pin(async move {
-            if tx.is_closed() {
-                return; // aborted, timed out or shut down before submission: never submitted
-            }
-            let link = &this.inner.link;
-            let lease_ms = this.inner.options.lease_ms;
-            let token = new_token();
-            let call = ScriptCall {
-                script: scripts::acquire(),
-                keys: vec![keys.lock.clone(), keys.fence.clone()],
-                args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
-            };
-            let submitted = clock::now();
-            let eval = link.eval(&conn, &call);
-            tokio::pin!(eval);
-            let reply = tokio::select! {
-                reply = &mut eval => reply,
-                _ = tokio::time::sleep(link.command_timeout) => {
-                    link.stalled(&conn, &keys.lock);
-                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
-                    // We stop waiting now: a key it set lives until now + leaseMs, if the
-                    // command ran by now (decision 0005 on a reply that never comes).
-                    let gone_by = key_expiry(clock::now(), lease_ms);
-                    return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
+        // Boxed: moved into a task of its own when the waiter stops awaiting it, and large
+        // (the script, its timeout and the chase of a late reply).
+        let attempt = Inline::new(
+            &self.inner.tasks,
+            Box::pin(async move {
+                if tx.is_closed() {
+                    return; // aborted, timed out or shut down before submission: never submitted
                 }
-            };
-            let answered = clock::now();
-            let attempt = match reply {
-                Ok(value) => match scripts::parse_acquire(&value) {
-                    Some(AcquireReply::Acquired(fence)) => {
-                        let lease = Lease::new(
-                            keys.clone(),
-                            token.clone(),
-                            fence,
-                            lease_ms,
-                            submitted,
-                            answered,
-                        );
-                        lease.wrote_in(conn.epoch());
-                        this.won(&conn, lease).await
+                let link = &this.inner.link;
+                let lease_ms = this.inner.options.lease_ms;
+                let token = new_token();
+                let call = ScriptCall {
+                    script: scripts::acquire(),
+                    keys: vec![keys.lock.clone(), keys.fence.clone()],
+                    args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
+                };
+                let submitted = clock::now();
+                let eval = link.eval(&conn, &call);
+                tokio::pin!(eval);
+                let reply = tokio::select! {
+                    reply = &mut eval => reply,
+                    _ = tokio::time::sleep(link.command_timeout) => {
+                        link.stalled(&conn, &keys.lock);
+                        let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
+                        // We stop waiting now: a key it set lives until now + leaseMs, if the
+                        // command ran by now (decision 0005 on a reply that never comes).
+                        let gone_by = key_expiry(clock::now(), lease_ms);
+                        return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
                     }
-                    Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
-                    None => Attempt::Failed(RedisFailure::unexpected_reply()),
-                },
-                Err(failure) => Attempt::Failed(failure),
-            };
-            // An unknown outcome may have left our token in Redis: take it back by token
-            // once Redis answers, so it does not block the key for a whole lease.
-            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
-            let unclaimed = tx.send(attempt).err();
-            if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
-                this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
-            }
-        }));
-        rx
+                };
+                let answered = clock::now();
+                let attempt = match reply {
+                    Ok(value) => match scripts::parse_acquire(&value) {
+                        Some(AcquireReply::Acquired(fence)) => {
+                            let lease = Lease::new(
+                                keys.clone(),
+                                token.clone(),
+                                fence,
+                                lease_ms,
+                                submitted,
+                                answered,
+                            );
+                            lease.wrote_in(conn.epoch());
+                            this.won(&conn, lease).await
+                        }
+                        Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
+                        None => Attempt::Failed(RedisFailure::unexpected_reply()),
+                    },
+                    Err(failure) => Attempt::Failed(failure),
+                };
+                // An unknown outcome may have left our token in Redis: take it back by token
+                // once Redis answers, so it does not block the key for a whole lease.
+                let unknown =
+                    matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
+                let unclaimed = tx.send(attempt).err();
+                if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
+                    this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
+                }
+            }),
+        );
+        (attempt, rx)
     }
 
     /// The acquire's reply on `conn` was parsed as a win. It is handed out only once
@@ -201,6 +212,51 @@ impl Driver {
     /// Acquire replies awaited now past the moment their key would have expired.
     pub fn overdue_acquire_replies(&self) -> usize {
         self.inner.late_replies.load(Ordering::Relaxed)
+    }
+}
+
+/// An attempt run inline by its waiter, which saves a task and a wake-up per acquire
+/// (benchmarks/results/2026-12-06-where-it-goes.md). Dropped before it finished, it goes on
+/// as a tracked task on the runtime it was made on (shutdown waits for it), so a reply the
+/// waiter no longer awaits is still seen and cleaned up. A panic in it ends it; its sender
+/// is dropped, which the waiter reads as an internal error.
+pub(crate) struct Inline {
+    attempt: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tasks: TaskTracker,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Inline {
+    fn new(tasks: &TaskTracker, attempt: Pin<Box<dyn Future<Output = ()> + Send>>) -> Self {
+        let attempt = Box::pin(AssertUnwindSafe(attempt).catch_unwind().map(|_| ()));
+        let runtime = tokio::runtime::Handle::current();
+        Self { attempt: Some(attempt), tasks: tasks.clone(), runtime }
+    }
+
+    /// Whether the attempt ran to its end.
+    pub(crate) fn is_done(&self) -> bool {
+        self.attempt.is_none()
+    }
+}
+
+impl Future for Inline {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(attempt) = self.attempt.as_mut() else { return Poll::Ready(()) };
+        ready!(attempt.as_mut().poll(cx));
+        self.attempt = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        if let Some(attempt) = self.attempt.take() {
+            // On a runtime that is shutting down the task is dropped unrun, as a task
+            // spawned before the shutdown would be.
+            self.tasks.spawn_on(attempt, &self.runtime);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod shutdown;
 mod wake_up;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -256,37 +257,56 @@ impl Driver {
         &self,
         lease: &Arc<Lease>,
     ) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
-        let first = lease.mark_released();
-        if first {
-            self.inner.lines.releasing(&lease.keys.hash);
-        }
+        let releasing = self.releasing(lease);
         let this = self.clone();
-        let lease = lease.clone();
         async move {
-            if !first {
-                return Ok(false);
+            let Some(releasing) = releasing else { return Ok(false) };
+            // Tracked, so shutdown waits for releases in progress; a task of its own, so
+            // the release goes on when its caller stops waiting.
+            match this.inner.tasks.spawn(releasing).await {
+                Ok(released) => released,
+                joined @ Err(_) => this.counted(released_or_internal(joined)),
             }
-            let tracked = this.clone();
-            // Tracked, so shutdown waits for releases in progress. Boxed, as the acquire
-            // attempt is (attempt.rs): the release script's future is large.
-            let task = this.inner.tasks.spawn(Box::pin(async move {
-                let released = tracked.run_release(&lease.keys, &lease.token).await;
-                if released.is_ok() {
-                    tracked.inner.leases.remove(lease.id);
-                } else {
-                    // Still reported as failed, but released by token in the background
-                    // and untracked once the key is surely gone (decision 0006).
-                    tracked.finish_failed_release(lease.clone());
-                }
-                if let Ok(ReleaseReply::Deleted { listeners }) = released {
-                    // Our own subscription is one of the listeners while it is live.
-                    let ours = u64::from(tracked.inner.notify.is_live_for(&lease.keys.hash));
-                    tracked.inner.lines.heard_release(listeners.saturating_sub(ours));
-                }
-                released.map(|r| matches!(r, ReleaseReply::Deleted { .. }))
-            }));
-            this.counted(released_or_internal(task.await))
         }
+    }
+
+    /// [`Driver::release`]'s work, for a caller that runs it in a task of its own made by
+    /// [`Driver::spawn_tracked`] (the binding: one task per release instead of two). `None`
+    /// when the lease was released already: false, asking Redis nothing. Marks the lease
+    /// released when called.
+    pub(crate) fn releasing(&self, lease: &Arc<Lease>) -> Option<Releasing> {
+        if !lease.mark_released() {
+            return None;
+        }
+        self.inner.lines.releasing(&lease.keys.hash);
+        let (this, lease) = (self.clone(), lease.clone());
+        // Boxed, as the acquire attempt is (attempt.rs): the release script's future is large.
+        Some(Box::pin(async move {
+            let released = this.run_release(&lease.keys, &lease.token).await;
+            if released.is_ok() {
+                this.inner.leases.remove(lease.id);
+            } else {
+                // Still reported as failed, but released by token in the background
+                // and untracked once the key is surely gone (decision 0006).
+                this.finish_failed_release(lease.clone());
+            }
+            if let Ok(ReleaseReply::Deleted { listeners }) = released {
+                // Our own subscription is one of the listeners while it is live.
+                let ours = u64::from(this.inner.notify.is_live_for(&lease.keys.hash));
+                this.inner.lines.heard_release(listeners.saturating_sub(ours));
+            }
+            this.counted(released.map(|r| matches!(r, ReleaseReply::Deleted { .. })))
+        }))
+    }
+
+    /// Runs `task` on `runtime` as one of the driver's tracked tasks: shutdown waits for it.
+    #[cfg(all(feature = "node", not(test)))]
+    pub(crate) fn spawn_tracked(
+        &self,
+        task: Pin<Box<dyn Future<Output = ()> + Send>>,
+        runtime: &tokio::runtime::Handle,
+    ) {
+        self.inner.tasks.spawn_on(task, runtime);
     }
 
     #[doc(hidden)] // for the binding (and the crate's tests), not API
@@ -444,6 +464,9 @@ fn released_or_internal(
 ) -> Result<bool, LockError> {
     joined.unwrap_or_else(|_| Err(internal_error("release")))
 }
+
+/// A release's work, to run in a tracked task ([`Driver::releasing`]).
+pub(crate) type Releasing = Pin<Box<dyn Future<Output = Result<bool, LockError>> + Send>>;
 
 fn no_longer_valid() -> LockError {
     LockError::new(LockErrorCode::LeaseExpired, "the lease is no longer valid")
