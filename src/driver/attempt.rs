@@ -14,6 +14,7 @@ use std::task::{ready, Context, Poll};
 
 use futures::FutureExt;
 use tokio::sync::oneshot;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use super::Driver;
@@ -217,12 +218,15 @@ impl Driver {
 
 /// An attempt run inline by its waiter, which saves a task and a wake-up per acquire
 /// (benchmarks/results/2026-12-06-where-it-goes.md). Dropped before it finished, it goes on
-/// as a tracked task on the runtime it was made on (shutdown waits for it), so a reply the
-/// waiter no longer awaits is still seen and cleaned up. A panic in it ends it; its sender
-/// is dropped, which the waiter reads as an internal error.
+/// as a tracked task on the runtime it was made on, so a reply the waiter no longer awaits
+/// is still seen and cleaned up. Until it finishes it counts as one of the driver's tasks
+/// (a tracker token), so a shutdown that begins while it runs inline waits for it as for a
+/// task: the token is let go only after the task that carries it on was spawned. A panic in
+/// it ends it; its sender is dropped, which the waiter reads as an internal error.
 pub(crate) struct Inline {
     attempt: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     tasks: TaskTracker,
+    counted: Option<TaskTrackerToken>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -230,7 +234,8 @@ impl Inline {
     fn new(tasks: &TaskTracker, attempt: Pin<Box<dyn Future<Output = ()> + Send>>) -> Self {
         let attempt = Box::pin(AssertUnwindSafe(attempt).catch_unwind().map(|_| ()));
         let runtime = tokio::runtime::Handle::current();
-        Self { attempt: Some(attempt), tasks: tasks.clone(), runtime }
+        let counted = Some(tasks.token());
+        Self { attempt: Some(attempt), tasks: tasks.clone(), counted, runtime }
     }
 
     /// Whether the attempt ran to its end.
@@ -246,6 +251,7 @@ impl Future for Inline {
         let Some(attempt) = self.attempt.as_mut() else { return Poll::Ready(()) };
         ready!(attempt.as_mut().poll(cx));
         self.attempt = None;
+        self.counted = None;
         Poll::Ready(())
     }
 }
@@ -257,6 +263,8 @@ impl Drop for Inline {
             // spawned before the shutdown would be.
             self.tasks.spawn_on(attempt, &self.runtime);
         }
+        // Only now: the spawned task counts from here on.
+        self.counted = None;
     }
 }
 
