@@ -4,7 +4,8 @@
 //! napi-rs's `Env::spawn_future` creates, refs and tears down a threadsafe function (a
 //! uv_async handle) for every promise. On the lock's hot path that was most of the Node CPU
 //! per acquire/release pair. Here one threadsafe function lives as long as the JS thread's
-//! environment: completions queue on it and Node drains them in batches. It is ref'd only
+//! environment, and completions queue beside it: one call of it per batch, made when the
+//! queue stops being empty, and the JS thread settles the whole batch in that one call. It is ref'd only
 //! while promises of that thread are pending, so it keeps Node alive exactly as a pending
 //! promise should, and never after.
 
@@ -21,9 +22,19 @@ use futures::FutureExt;
 use napi::bindgen_prelude::*;
 use napi::sys;
 
-/// The settler's address while its environment lives; `None` from the moment Node
-/// finalizes it (environment teardown), so no task calls a freed threadsafe function.
-type Handle = Arc<Mutex<Option<usize>>>;
+/// One JS thread's settler.
+struct Settler {
+    /// The threadsafe function's address while its environment lives; `None` from the
+    /// moment Node finalizes it (environment teardown), so no task calls a freed one.
+    tsfn: Mutex<Option<usize>>,
+    /// Settlements made on the runtime, not yet on the JS thread. The threadsafe function
+    /// is called when this goes from empty to not; that call settles all it then holds
+    /// (benchmarks/results/2026-12-06-where-it-goes.md: Node's per-call queue, handle scope
+    /// and callback scope were ~13 % of the JS thread at 64 in flight, with the settler).
+    queue: Mutex<Vec<Settlement>>,
+}
+
+type Handle = Arc<Settler>;
 
 thread_local! {
     // One per JS thread: the main thread and each worker have their own environment.
@@ -80,35 +91,38 @@ struct Settlement {
     value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send>,
 }
 
-unsafe extern "C" fn settle_one(
+unsafe extern "C" fn settle_batch(
     env: sys::napi_env,
     _js: sys::napi_value,
     context: *mut c_void,
-    data: *mut c_void,
+    _data: *mut c_void,
 ) {
-    let settlement = unsafe { Box::from_raw(data.cast::<Settlement>()) };
-    // A null env: the environment is being torn down; the promise goes with it.
+    let settler = unsafe { &*(context as *const Settler) };
+    let batch = std::mem::take(&mut *crate::sync::lock(&settler.queue));
+    // A null env: the environment is being torn down; the promises go with it.
     if env.is_null() {
         return;
     }
-    let deferred = settlement.deferred as sys::napi_deferred;
-    unsafe {
-        match (settlement.value)(env) {
-            Ok(value) => sys::napi_resolve_deferred(env, deferred, value),
-            Err(err) => {
-                sys::napi_reject_deferred(env, deferred, JsError::from(err).into_value(env))
-            }
-        };
+    let settled = batch.len();
+    for settlement in batch {
+        let deferred = settlement.deferred as sys::napi_deferred;
+        unsafe {
+            match (settlement.value)(env) {
+                Ok(value) => sys::napi_resolve_deferred(env, deferred, value),
+                Err(err) => {
+                    sys::napi_reject_deferred(env, deferred, JsError::from(err).into_value(env))
+                }
+            };
+        }
     }
     let left = PENDING.with(|p| {
-        let left = p.get().saturating_sub(1);
+        let left = p.get().saturating_sub(settled);
         p.set(left);
         left
     });
-    if left == 0 {
+    if left == 0 && settled > 0 {
         // Nothing pending on this thread: the settler must not keep Node alive.
-        let handle = unsafe { &*(context as *const Mutex<Option<usize>>) };
-        if let Some(tsfn) = *lock(handle) {
+        if let Some(tsfn) = *lock(&settler.tsfn) {
             unsafe {
                 sys::napi_unref_threadsafe_function(env, tsfn as sys::napi_threadsafe_function)
             };
@@ -117,8 +131,9 @@ unsafe extern "C" fn settle_one(
 }
 
 unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
-    let handle = unsafe { Arc::from_raw(data as *const Mutex<Option<usize>>) };
-    *lock(&handle) = None;
+    let handle = unsafe { Arc::from_raw(data as *const Settler) };
+    *lock(&handle.tsfn) = None;
+    crate::sync::lock(&handle.queue).clear();
 }
 
 unsafe extern "C" fn has_ref_cb(
@@ -138,11 +153,12 @@ fn lock(handle: &Mutex<Option<usize>>) -> std::sync::MutexGuard<'_, Option<usize
 /// This thread's settler, created on first use.
 fn settler(env: sys::napi_env) -> Result<Handle> {
     if let Some(handle) = SETTLER.with(|s| s.borrow().clone()) {
-        if lock(&handle).is_some() {
+        if lock(&handle.tsfn).is_some() {
             return Ok(handle);
         }
     }
-    let handle: Handle = Arc::new(Mutex::new(None));
+    let handle: Handle =
+        Arc::new(Settler { tsfn: Mutex::new(None), queue: Mutex::new(Vec::new()) });
     let context = Arc::as_ptr(&handle) as *mut c_void;
     let mut name = ptr::null_mut();
     let mut tsfn = ptr::null_mut();
@@ -175,16 +191,16 @@ fn settler(env: sys::napi_env) -> Result<Handle> {
             finalize_data,
             Some(finalize),
             context,
-            Some(settle_one),
+            Some(settle_batch),
             &mut tsfn,
         );
         if created != sys::Status::napi_ok {
-            drop(Arc::from_raw(finalize_data as *const Mutex<Option<usize>>));
+            drop(Arc::from_raw(finalize_data as *const Settler));
             return Err(Error::new(Status::from(created), "the settler could not be created"));
         }
         check(sys::napi_unref_threadsafe_function(env, tsfn))?;
     }
-    *lock(&handle) = Some(tsfn as usize);
+    *lock(&handle.tsfn) = Some(tsfn as usize);
     PENDING.with(|p| p.set(0));
     SETTLER.with(|s| *s.borrow_mut() = Some(handle.clone()));
     Ok(handle)
@@ -254,7 +270,7 @@ where
     // Counted only once the ref (for the first pending promise) took: a count left too high
     // would keep the settler ref'd, and Node alive, for good.
     if PENDING.with(|p| p.get()) == 0 {
-        if let Some(tsfn) = *lock(&handle) {
+        if let Some(tsfn) = *lock(&handle.tsfn) {
             unsafe {
                 check(sys::napi_ref_threadsafe_function(
                     raw_env,
@@ -282,22 +298,28 @@ where
                 }
             };
         DUE.fetch_sub(1, Ordering::Relaxed);
-        let data = Box::into_raw(Box::new(Settlement { deferred, value }));
-        let guard = lock(&handle);
-        let queued = match *guard {
-            Some(tsfn) => unsafe {
-                sys::napi_call_threadsafe_function(
-                    tsfn as sys::napi_threadsafe_function,
-                    data.cast(),
-                    sys::ThreadsafeFunctionCallMode::nonblocking,
-                ) == sys::Status::napi_ok
-            },
-            None => false,
+        let first = {
+            let mut queue = crate::sync::lock(&handle.queue);
+            queue.push(Settlement { deferred, value });
+            queue.len() == 1
         };
-        drop(guard);
-        if !queued {
-            // The environment is gone (or going): nobody can observe this promise.
-            drop(unsafe { Box::from_raw(data) });
+        if first {
+            let guard = lock(&handle.tsfn);
+            let called = match *guard {
+                Some(tsfn) => unsafe {
+                    sys::napi_call_threadsafe_function(
+                        tsfn as sys::napi_threadsafe_function,
+                        ptr::null_mut(),
+                        sys::ThreadsafeFunctionCallMode::nonblocking,
+                    ) == sys::Status::napi_ok
+                },
+                None => false,
+            };
+            drop(guard);
+            if !called {
+                // The environment is gone (or going): nobody can observe these promises.
+                crate::sync::lock(&handle.queue).clear();
+            }
         }
     };
     Ok((PromiseRaw::new(raw_env, promise), task))
