@@ -7,11 +7,8 @@ N=${1:-5000}
 INFLIGHT=${2:-64}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
-port=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
-redis-server --port "$port" --save '' --appendonly no --daemonize no --dir "$out" >/dev/null &
-rpid=$!
-trap 'kill $rpid 2>/dev/null; rm -rf "$out"' EXIT
-sleep 0.5
+. "$here/throwaway-redis.sh"
+start_throwaway_redis "$out"
 for n in "$N" 0; do
   valgrind --tool=callgrind --separate-threads=yes --smc-check=all-non-file \
     --callgrind-out-file="$out/cg.$n.%p" \

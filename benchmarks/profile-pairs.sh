@@ -16,11 +16,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${3:-$(mktemp -d)}
 mkdir -p "$out"
 work=$(mktemp -d)
-port=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
-redis-server --port "$port" --save '' --appendonly no --daemonize no --dir "$work" >/dev/null &
-rpid=$!
-trap 'kill $rpid 2>/dev/null; rm -rf "$work"' EXIT
-sleep 0.5
+. "$here/throwaway-redis.sh"
+start_throwaway_redis "$work"
 # Run from the scratch folder: --perf-basic-prof also leaves V8 isolate logs in the cwd.
 (cd "$work" && perf record -q -e cpu-clock -F 15000 -o "$work/perf.data" -- \
   node --perf-basic-prof "$here/callgrind-pairs.mjs" --url "redis://127.0.0.1:$port" --pairs "$PAIRS" --inflight "$INFLIGHT" >/dev/null 2>&1)

@@ -494,10 +494,9 @@ impl NativeDriver {
         // no longer tracked was released already: false, asking Redis nothing.
         let driver = &self.driver;
         let releasing = driver.lease(id as u64).and_then(|lease| driver.releasing(&lease));
-        settle::spawn_with(
+        let (promise, task) = settle::settled_by(
             env,
             runtime(),
-            |task| driver.spawn_tracked(task, runtime()),
             async move {
                 let released = match releasing {
                     Some(releasing) => releasing.await,
@@ -509,7 +508,9 @@ impl NativeDriver {
                 }
             },
             || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)),
-        )
+        )?;
+        driver.spawn_tracked(Box::pin(task), runtime());
+        Ok(promise)
     }
 
     #[napi(ts_return_type = "Promise<NativeError | null>")]

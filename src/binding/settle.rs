@@ -233,26 +233,10 @@ where
     Ok(promise)
 }
 
-/// [`spawn`], the task handed to `spawner` (boxed) instead of spawned on the runtime: e.g.
-/// as one of a driver's tracked tasks, so that the work and the settling run in one task.
-pub fn spawn_with<'env, T, F>(
-    env: &'env Env,
-    runtime: &tokio::runtime::Handle,
-    spawner: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
-    future: F,
-    on_panic: fn() -> T,
-) -> Result<PromiseRaw<'env, T>>
-where
-    T: ToNapiValue + Send + 'static,
-    F: Future<Output = T> + Send + 'static,
-{
-    let (promise, task) = settled_by(env, runtime, future, on_panic)?;
-    spawner(Box::pin(task));
-    Ok(promise)
-}
-
-/// A new promise of this JS thread, and the task that runs `future` and settles it.
-fn settled_by<'env, T, F>(
+/// A new promise of this JS thread, and the task that runs `future` and settles it: for
+/// a caller that spawns the task itself (e.g. as one of a driver's tracked tasks, so that
+/// the work and the settling run in one task). [`spawn`] spawns it on the runtime.
+pub fn settled_by<'env, T, F>(
     env: &'env Env,
     runtime: &tokio::runtime::Handle,
     future: F,
