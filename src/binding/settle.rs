@@ -5,9 +5,9 @@
 //! uv_async handle) for every promise. On the lock's hot path that was most of the Node CPU
 //! per acquire/release pair. Here one threadsafe function lives as long as the JS thread's
 //! environment, and completions queue beside it: one call of it per batch, made when the
-//! queue stops being empty, and the JS thread settles the whole batch in that one call. It is ref'd only
-//! while promises of that thread are pending, so it keeps Node alive exactly as a pending
-//! promise should, and never after.
+//! queue stops being empty, and the JS thread settles the whole batch in that one call. It
+//! is ref'd only while promises of that thread are pending, so it keeps Node alive exactly
+//! as a pending promise should, and never after.
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -28,9 +28,10 @@ struct Settler {
     /// moment Node finalizes it (environment teardown), so no task calls a freed one.
     tsfn: Mutex<Option<usize>>,
     /// Settlements made on the runtime, not yet on the JS thread. The threadsafe function
-    /// is called when this goes from empty to not; that call settles all it then holds
-    /// (benchmarks/results/2026-12-06-where-it-goes.md: Node's per-call queue, handle scope
-    /// and callback scope were ~13 % of the JS thread at 64 in flight, with the settler).
+    /// is called when this goes from empty to not; that call settles all it then holds, so
+    /// Node's queue, handle scope and callback scope are paid per batch, not per promise
+    /// (napi and the settler were ~13 % of the JS thread at 64 in flight:
+    /// benchmarks/results/2026-12-06-where-it-goes.md).
     queue: Mutex<Vec<Settlement>>,
 }
 
@@ -98,7 +99,7 @@ unsafe extern "C" fn settle_batch(
     _data: *mut c_void,
 ) {
     let settler = unsafe { &*(context as *const Settler) };
-    let batch = std::mem::take(&mut *crate::sync::lock(&settler.queue));
+    let batch = std::mem::take(&mut *lock(&settler.queue));
     // A null env: the environment is being torn down; the promises go with it.
     if env.is_null() {
         return;
@@ -133,7 +134,7 @@ unsafe extern "C" fn settle_batch(
 unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
     let handle = unsafe { Arc::from_raw(data as *const Settler) };
     *lock(&handle.tsfn) = None;
-    crate::sync::lock(&handle.queue).clear();
+    lock(&handle.queue).clear();
 }
 
 unsafe extern "C" fn has_ref_cb(
@@ -146,8 +147,8 @@ unsafe extern "C" fn has_ref_cb(
     result
 }
 
-fn lock(handle: &Mutex<Option<usize>>) -> std::sync::MutexGuard<'_, Option<usize>> {
-    crate::sync::lock(handle)
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    crate::sync::lock(mutex)
 }
 
 /// This thread's settler, created on first use.
@@ -283,7 +284,7 @@ where
             };
         DUE.fetch_sub(1, Ordering::Relaxed);
         let first = {
-            let mut queue = crate::sync::lock(&handle.queue);
+            let mut queue = lock(&handle.queue);
             queue.push(Settlement { deferred, value });
             queue.len() == 1
         };
@@ -302,7 +303,7 @@ where
             drop(guard);
             if !called {
                 // The environment is gone (or going): nobody can observe these promises.
-                crate::sync::lock(&handle.queue).clear();
+                lock(&handle.queue).clear();
             }
         }
     };

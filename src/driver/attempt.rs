@@ -52,66 +52,62 @@ impl Driver {
     ) -> (Inline, oneshot::Receiver<Attempt>) {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        // Boxed: moved into a task of its own when the waiter stops awaiting it, and large
-        // (the script, its timeout and the chase of a late reply).
-        let attempt = Inline::new(
-            &self.inner.tasks,
-            Box::pin(async move {
-                if tx.is_closed() {
-                    return; // aborted, timed out or shut down before submission: never submitted
+        // Boxed by Inline: moved into a task of its own when the waiter stops awaiting it,
+        // and large (the script, its timeout and the chase of a late reply).
+        let attempt = Inline::new(&self.inner.tasks, async move {
+            if tx.is_closed() {
+                return; // aborted, timed out or shut down before submission: never submitted
+            }
+            let link = &this.inner.link;
+            let lease_ms = this.inner.options.lease_ms;
+            let token = new_token();
+            let call = ScriptCall {
+                script: scripts::acquire(),
+                keys: vec![keys.lock.clone(), keys.fence.clone()],
+                args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
+            };
+            let submitted = clock::now();
+            let eval = link.eval(&conn, &call);
+            tokio::pin!(eval);
+            let reply = tokio::select! {
+                reply = &mut eval => reply,
+                _ = tokio::time::sleep(link.command_timeout) => {
+                    link.stalled(&conn, &keys.lock);
+                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
+                    // We stop waiting now: a key it set lives until now + leaseMs, if the
+                    // command ran by now (decision 0005 on a reply that never comes).
+                    let gone_by = key_expiry(clock::now(), lease_ms);
+                    return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
                 }
-                let link = &this.inner.link;
-                let lease_ms = this.inner.options.lease_ms;
-                let token = new_token();
-                let call = ScriptCall {
-                    script: scripts::acquire(),
-                    keys: vec![keys.lock.clone(), keys.fence.clone()],
-                    args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
-                };
-                let submitted = clock::now();
-                let eval = link.eval(&conn, &call);
-                tokio::pin!(eval);
-                let reply = tokio::select! {
-                    reply = &mut eval => reply,
-                    _ = tokio::time::sleep(link.command_timeout) => {
-                        link.stalled(&conn, &keys.lock);
-                        let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
-                        // We stop waiting now: a key it set lives until now + leaseMs, if the
-                        // command ran by now (decision 0005 on a reply that never comes).
-                        let gone_by = key_expiry(clock::now(), lease_ms);
-                        return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
+            };
+            let answered = clock::now();
+            let attempt = match reply {
+                Ok(value) => match scripts::parse_acquire(&value) {
+                    Some(AcquireReply::Acquired(fence)) => {
+                        let lease = Lease::new(
+                            keys.clone(),
+                            token.clone(),
+                            fence,
+                            lease_ms,
+                            submitted,
+                            answered,
+                        );
+                        lease.wrote_in(conn.epoch());
+                        this.won(&conn, lease).await
                     }
-                };
-                let answered = clock::now();
-                let attempt = match reply {
-                    Ok(value) => match scripts::parse_acquire(&value) {
-                        Some(AcquireReply::Acquired(fence)) => {
-                            let lease = Lease::new(
-                                keys.clone(),
-                                token.clone(),
-                                fence,
-                                lease_ms,
-                                submitted,
-                                answered,
-                            );
-                            lease.wrote_in(conn.epoch());
-                            this.won(&conn, lease).await
-                        }
-                        Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
-                        None => Attempt::Failed(RedisFailure::unexpected_reply()),
-                    },
-                    Err(failure) => Attempt::Failed(failure),
-                };
-                // An unknown outcome may have left our token in Redis: take it back by token
-                // once Redis answers, so it does not block the key for a whole lease.
-                let unknown =
-                    matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
-                let unclaimed = tx.send(attempt).err();
-                if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
-                    this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
-                }
-            }),
-        );
+                    Some(AcquireReply::Busy(pttl)) => Attempt::Busy(pttl),
+                    None => Attempt::Failed(RedisFailure::unexpected_reply()),
+                },
+                Err(failure) => Attempt::Failed(failure),
+            };
+            // An unknown outcome may have left our token in Redis: take it back by token
+            // once Redis answers, so it does not block the key for a whole lease.
+            let unknown = matches!(&attempt, Attempt::Failed(f) if f.outcome == Outcome::Unknown);
+            let unclaimed = tx.send(attempt).err();
+            if unknown || matches!(unclaimed, Some(Attempt::Acquired(_))) {
+                this.spawn_cleanup(keys, token, key_expiry(answered, lease_ms));
+            }
+        });
         (attempt, rx)
     }
 
@@ -231,7 +227,8 @@ pub(crate) struct Inline {
 }
 
 impl Inline {
-    fn new(tasks: &TaskTracker, attempt: Pin<Box<dyn Future<Output = ()> + Send>>) -> Self {
+    fn new(tasks: &TaskTracker, attempt: impl Future<Output = ()> + Send + 'static) -> Self {
+        // One allocation, the panic guard inside it.
         let attempt = Box::pin(AssertUnwindSafe(attempt).catch_unwind().map(|_| ()));
         let runtime = tokio::runtime::Handle::current();
         let counted = Some(tasks.token());

@@ -317,22 +317,6 @@ impl Driver {
     }
 
     #[doc(hidden)] // for the binding (and the crate's tests), not API
-    /// [`Driver::release`] by lease id. A lease no longer tracked was released already (by
-    /// `release()` or shutdown): false, asking Redis nothing, as a second `release()` does.
-    pub fn release_by_id(
-        &self,
-        id: u64,
-    ) -> impl Future<Output = Result<bool, LockError>> + Send + 'static {
-        let releasing = self.lease(id).map(|lease| self.release(&lease));
-        async move {
-            match releasing {
-                Some(releasing) => releasing.await,
-                None => Ok(false),
-            }
-        }
-    }
-
-    #[doc(hidden)] // for the binding (and the crate's tests), not API
     /// [`Driver::renew`] by lease id; a lease no longer tracked was released, so it is no
     /// longer valid, as [`Driver::renew`] says of it.
     pub fn renew_by_id(
@@ -536,7 +520,7 @@ mod tests {
         assert!(d.lease(lease.id).is_some_and(|l| l.valid()));
         let _ = d.shutdown().await;
         assert!(d.lease(lease.id).is_none(), "shutdown released it");
-        assert!(!d.release_by_id(lease.id).await.unwrap(), "released already: false");
+        assert!(!d.release(&lease).await.unwrap(), "released already: false");
         assert_eq!(d.renew_by_id(lease.id).await.unwrap_err().code, LockErrorCode::LeaseExpired);
         assert_eq!(
             d.stats()
