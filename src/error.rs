@@ -168,6 +168,8 @@ const RIDE_OUT_SERVER_CODES: [&str; 9] = [
 ];
 /// What a command that reached no Cluster node failed with.
 const NO_CLUSTER_NODE: &str = "no connection to a Cluster node, so nothing was sent";
+/// What a command was refused with, unsent, on a connection already known closed.
+pub(crate) const CONNECTION_HAD_CLOSED: &str = "the connection to Redis had closed";
 /// What a command failed with when the Cluster connection's own task had ended.
 const CLUSTER_CONNECTION_ENDED: &str = "the Cluster connection had ended, so nothing was sent";
 /// redis-rs 1.8's words when a Cluster connection cannot queue a command because its task
@@ -327,6 +329,14 @@ impl RedisFailure {
     pub(crate) fn reached_no_node(&self) -> bool {
         self.outcome == Outcome::NotSubmitted
             && (self.message == NO_CLUSTER_NODE || self.message == CLUSTER_CONNECTION_ENDED)
+    }
+
+    /// Refused before sending because the connection it was handed had just closed (or
+    /// its Cluster task had ended): the command was never tried, so sending it once on a
+    /// new connection is not a retry of anything (decision 0178).
+    pub(crate) fn refused_on_closed_connection(&self) -> bool {
+        self.outcome == Outcome::NotSubmitted
+            && (self.message == CONNECTION_HAD_CLOSED || self.message == CLUSTER_CONNECTION_ENDED)
     }
 
     /// The server does not have the script (NOSCRIPT): EVAL it once.

@@ -41,7 +41,7 @@ pub use stats::Stats;
 #[doc(hidden)]
 pub mod testing {
     pub use crate::clock::skip as skip_lease_clock;
-    pub use crate::connection::{RedisLink, SubscribeFailure};
+    pub use crate::connection::{close_before_send, RedisLink, SubscribeFailure};
     pub use crate::events::TARGET as EVENT_TARGET;
     pub use crate::keys::KeyNames;
     pub use crate::notify::SubscriptionState;

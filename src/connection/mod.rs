@@ -27,6 +27,7 @@ pub(crate) use cluster::{ping_nodes, ClusterConn};
 pub(crate) use liveness::{Answer, Liveness, Quiet};
 pub use pubsub::SubscribeFailure;
 pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
+pub use script::close_before_send;
 pub(crate) use script::ScriptCall;
 
 use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
@@ -251,7 +252,7 @@ impl RedisLink {
             return Err(RedisFailure::new(
                 RedisErrorCode::ConnectionFailed,
                 Outcome::NotSubmitted,
-                "the connection to Redis had closed",
+                crate::error::CONNECTION_HAD_CLOSED,
             ));
         }
         match &self.target {

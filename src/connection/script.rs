@@ -2,6 +2,7 @@
 //! followed (it surely did not run, decision 0009), and nothing handed to a connection
 //! that is closed or no longer the primary's (`refuse_if_stale`).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +48,7 @@ impl RedisLink {
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
     pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
+        close_if_asked(conn);
         self.refuse_if_stale(conn)?;
         let _carrying = conn.carrying();
         let mut inner = conn.inner.clone();
@@ -169,18 +171,24 @@ impl RedisLink {
     }
 
     /// [`run`](Self::run), also returning the connection that ran it (for WAIT, issue 11).
+    /// Refused unsent because the connection it took closed in that moment, it is sent
+    /// once on a new one (decision 0178).
     pub async fn run_on(
         self: &Arc<Self>,
         call: &ScriptCall,
     ) -> Result<(Value, Instant, Conn), RedisFailure> {
-        let conn = self.connection().await?;
-        let submitted = clock::now();
-        match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
-            Ok(reply) => reply.map(|v| (v, submitted, conn)),
-            Err(_) => {
-                // Later commands would queue behind the stalled one on this connection.
-                self.stalled(&conn, call.keys.first().map_or("", String::as_str));
-                Err(RedisFailure::command_timeout())
+        let mut sent_anew = false;
+        loop {
+            let conn = self.connection().await?;
+            let submitted = clock::now();
+            match tokio::time::timeout(self.command_timeout, self.eval(&conn, call)).await {
+                Ok(Err(f)) if f.refused_on_closed_connection() && !sent_anew => sent_anew = true,
+                Ok(reply) => return reply.map(|v| (v, submitted, conn)),
+                Err(_) => {
+                    // Later commands would queue behind the stalled one on this connection.
+                    self.stalled(&conn, call.keys.first().map_or("", String::as_str));
+                    return Err(RedisFailure::command_timeout());
+                }
             }
         }
     }
@@ -188,4 +196,27 @@ impl RedisLink {
 
 async fn send(conn: &mut Handle, cmd: &redis::Cmd) -> Result<Value, RedisFailure> {
     conn.send(cmd).await.and_then(Value::extract_error).map_err(|e| RedisFailure::command(&e))
+}
+
+/// Scripts still to find their connection closed in the moment they are handed to it
+/// (see [`close_before_send`]); 0 outside the crate's tests.
+static CLOSE_BEFORE_SEND: AtomicU32 = AtomicU32::new(0);
+
+/// Test-only: the next `times` scripts handed to a connection find it closed in that
+/// moment, as when Redis's close is read on another worker thread, or the liveness PING's
+/// verdict lands, between choosing the connection and sending. Process-wide: a test using
+/// it runs alone in its own test binary.
+pub fn close_before_send(times: u32) {
+    CLOSE_BEFORE_SEND.store(times, Ordering::Relaxed);
+}
+
+/// One relaxed load when unused.
+fn close_if_asked(conn: &Conn) {
+    if CLOSE_BEFORE_SEND.load(Ordering::Relaxed) > 0
+        && CLOSE_BEFORE_SEND
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        conn.closed.store(true, Ordering::Release);
+    }
 }

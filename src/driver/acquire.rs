@@ -114,6 +114,9 @@ impl Driver {
         // The waiter before us in this line acquired the key: it is held here, so asking
         // Redis now would only hear "busy". Wait for the release to be announced.
         let mut skip_attempt = wait_ms > 0 && place.line.held_here();
+        // An attempt refused unsent, its connection closed in that moment, is made once more
+        // at once on a new one, also with waitTimeoutMs 0: it was never tried (decision 0178).
+        let mut sent_anew = false;
         loop {
             if skip_attempt {
                 skip_attempt = false;
@@ -163,6 +166,13 @@ impl Driver {
                 }
             };
             let delay = match attempt {
+                Attempt::Failed(failure)
+                    if failure.refused_on_closed_connection() && !sent_anew =>
+                {
+                    sent_anew = true;
+                    last_failure = Some(failure);
+                    continue;
+                }
                 Attempt::Acquired(lease) => {
                     place.line.mark_held_here();
                     return self.track(lease);
