@@ -21,5 +21,8 @@ test('an acquire whose task panics rejects with a LockError OUTCOME_UNKNOWN that
   assert.equal(err.code, 'OUTCOME_UNKNOWN');
   assert.match(err.message, /internal error/);
   assert.doesNotMatch(err.message, /Redis sent|never produce/);
+  // The calls after it still run, also several handed over at once.
+  const later = await within(3000, Promise.all(['a', 'b', 'c'].map((k) => failure(d.acquire(k)))), 'the acquires after a panic');
+  for (const e of later) assert.equal(e.code, 'OUTCOME_UNKNOWN');
   await d.shutdown();
 });

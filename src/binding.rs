@@ -22,6 +22,7 @@ use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::lease::{Ended, Watcher};
 use crate::options::{self, Raw};
 
+mod dispatch;
 mod logging;
 mod settle;
 
@@ -509,7 +510,7 @@ impl NativeDriver {
             },
             || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)),
         )?;
-        driver.spawn_tracked(Box::pin(task), runtime());
+        dispatch::run(driver.tracked(task), runtime());
         Ok(promise)
     }
 

@@ -230,7 +230,7 @@ where
     F: Future<Output = T> + Send + 'static,
 {
     let (promise, task) = settled_by(env, runtime, future, on_panic)?;
-    runtime.spawn(task);
+    super::dispatch::run(task, runtime);
     Ok(promise)
 }
 

@@ -299,14 +299,11 @@ impl Driver {
         }))
     }
 
-    /// Runs `task` on `runtime` as one of the driver's tracked tasks: shutdown waits for it.
+    /// `task` as one of the driver's tracked tasks: shutdown waits for it from now on
+    /// until it completes or is dropped.
     #[cfg(all(feature = "node", not(test)))]
-    pub(crate) fn spawn_tracked(
-        &self,
-        task: Pin<Box<dyn Future<Output = ()> + Send>>,
-        runtime: &tokio::runtime::Handle,
-    ) {
-        self.inner.tasks.spawn_on(task, runtime);
+    pub(crate) fn tracked<F: Future>(&self, task: F) -> impl Future<Output = F::Output> {
+        self.inner.tasks.track_future(task)
     }
 
     #[doc(hidden)] // for the binding (and the crate's tests), not API
