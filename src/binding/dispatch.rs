@@ -60,6 +60,9 @@ pub fn run(call: impl Future<Output = ()> + Send + 'static, runtime: &tokio::run
     }
 }
 
+/// The most calls the dispatcher takes in, and the most it sees finish, in one turn.
+const TURN: usize = 256;
+
 /// The one task that polls every call handed to [`run`]. It never ends.
 struct Dispatcher {
     queue: Arc<Queue>,
@@ -69,14 +72,30 @@ struct Dispatcher {
 impl Future for Dispatcher {
     type Output = ();
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
         // Registered before the queue is read: a call pushed after the read wakes us.
-        self.queue.waker.register(cx.waker());
-        let calls = std::mem::take(&mut *crate::sync::lock(&self.queue.calls));
-        self.running.extend(calls);
+        this.queue.waker.register(cx.waker());
+        let more_queued = {
+            let mut calls = crate::sync::lock(&this.queue.calls);
+            let taken = calls.len().min(TURN);
+            this.running.extend(calls.drain(..taken));
+            !calls.is_empty()
+        };
         // Pending when no call is ready, or when FuturesUnordered yields after a long turn
-        // (it then wakes us itself, so other tasks get the thread in between).
-        while let Poll::Ready(Some(())) = self.running.poll_next_unpin(cx) {}
+        // (it then wakes us itself).
+        let mut finished = 0;
+        while let Poll::Ready(Some(())) = this.running.poll_next_unpin(cx) {
+            finished += 1;
+            if finished == TURN {
+                break;
+            }
+        }
+        if more_queued || finished == TURN {
+            // A burst of calls (thousands at once) is taken in turns, so the keep-alive
+            // renewals and timers of the same thread are not held up behind all of it.
+            cx.waker().wake_by_ref();
+        }
         Poll::Pending
     }
 }
