@@ -402,10 +402,11 @@ export function createNemesis({ cluster, proxies, fronts = [], clients, record, 
 
   return {
     /** Injects faults until `untilAt` (ms, CLOCK_MONOTONIC). */
-    async run(untilAt) {
-      while (now() < untilAt) {
+    /** Injects faults until `untilAt`, or until `stopped()` says the run has seen enough. */
+    async run(untilAt, stopped = () => false) {
+      while (now() < untilAt && !stopped()) {
         await sleep(r.int(150, 1200));
-        if (now() >= untilAt) break;
+        if (now() >= untilAt || stopped()) break;
         const kind = r.weighted(WEIGHTS[mode]);
         if (TOPOLOGY.has(kind) && topologyBusy) continue;
         try { await inject(kind); } catch (err) { record({ k: 'nemesis-error', kind, at: now(), message: String(err?.message ?? err) }); }

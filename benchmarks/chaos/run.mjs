@@ -1,4 +1,4 @@
-// npm run chaos -- --seconds N --seed S --mode standalone|sentinel|cluster --min-replicas N [--notifications namespace|per-key|mixed] [--probe ioredis]
+// npm run chaos -- --seconds N --seed S --mode standalone|sentinel|cluster --min-replicas N [--notifications namespace|per-key|mixed] [--probe ioredis] [--stop-at-violation]
 //
 // A seeded, time-bounded chaos run (issue 16): throwaway servers, several client processes
 // each with one driver and several workers contending on a few keys through a fenced store
@@ -11,6 +11,7 @@ import { createHash } from 'node:crypto';
 import { writeFileSync, existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
+import { Worker } from 'node:worker_threads';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseOptions, root } from '../lib.mjs';
@@ -29,6 +30,8 @@ const usage = () => {
        [--notifications namespace|per-key|mixed] (mixed: even processes namespace, odd ones per-key)
        [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4] [--ping-ms 500]
        [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
+       [--stop-at-violation] (the faults end at the first safety violation the history shows, judged
+       as it grows; healing, the quiet seconds and the verdict over the whole history follow as always)
        [--probe ioredis] (sentinel only: a plain ioredis client writes every 50 ms beside the drivers;
        the summary's \`gaps\` sets its longest gaps without a write beside the drivers' without a lease)
 A mutant needs its build first: npm run build:chaos-mutants`);
@@ -49,6 +52,7 @@ const o = parseOptions(process.argv.slice(2), {
   'ping-ms': { type: 'string', default: '500' },
   mutant: { type: 'string' },
   probe: { type: 'string' },
+  'stop-at-violation': { type: 'boolean' },
   out: { type: 'string' },
   history: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
@@ -71,6 +75,7 @@ const minReplicas = o['min-replicas'] === undefined ? (mode === 'sentinel' ? 1 :
 if (mode === 'standalone' && minReplicas > 0) throw new Error('--min-replicas needs --mode sentinel (a standalone server has no replicas)');
 const run = {
   mode, seed, minReplicas, mutant: o.mutant ?? null, notifications: o.notifications, probe: o.probe ?? null,
+  stopAtViolation: o['stop-at-violation'] === true,
   seconds: int('seconds', 1), quietSeconds: int('quiet-seconds', 2),
   procs: int('procs', 2), workers: int('workers', 1), keys: int('keys', 1),
   leaseMs: int('lease-ms', 1), waitTimeoutMs: int('wait-ms', 0),
@@ -338,9 +343,59 @@ const stallTimer = setInterval(() => {
 const clockSamples = [];
 const clockTimer = setInterval(() => clockSamples.push([now(), Date.now()]), 1000);
 clockSamples.push([now(), Date.now()]);
+// The fastest rate over any 10 s (Date.now() has 1 ms steps: shorter spans are noise), as
+// ms per lease: how much earlier than its local deadline Redis may expire a key.
+function clockDriftMs(samples) {
+  let fastest = 0;
+  for (let i = 0; i < samples.length; i++) {
+    for (let j = i + 1; j < samples.length; j++) {
+      const mono = samples[j][0] - samples[i][0];
+      if (mono < 10_000) continue;
+      fastest = Math.max(fastest, (samples[j][1] - samples[i][1] - 2) / mono - 1);
+      break;
+    }
+  }
+  return { fastest, ms: Number((Math.max(0, fastest) * run.leaseMs).toFixed(2)) };
+}
+
+// --stop-at-violation: the history so far is judged every second, up to 1 s ago (an event
+// comes over IPC from its client, so the last second may still be missing some), in a worker
+// thread (the coordinator's loop runs every proxy), and the faults end at the first violation
+// of an invariant about what already happened. A partial history may show a violation the
+// whole one explains: this only ends the faults early, the verdict below is the whole
+// history's, as in any run. The nemesis draws from its own seeded stream, so the faults up to
+// the stop are those of the full-length run.
+const EARLY_INVARIANTS = ['no-overlapping-valid-leases', 'fences-never-go-backwards', 'no-stale-write-accepted', 'no-write-after-signal-aborted'];
+let seenViolation = null;
+let judge = null;
+let violationWatch = null;
+if (run.stopAtViolation) {
+  judge = new Worker(path.join(import.meta.dirname, 'early-check.mjs'));
+  let judging = false;
+  judge.on('message', (first) => {
+    judging = false;
+    if (!first || seenViolation) return;
+    seenViolation = { at: now(), invariant: first.invariant };
+    record({ k: 'stop-at-violation', ...seenViolation });
+    log(`stopping the faults: the history so far shows ${first.invariant}: ${first.detail}`);
+  });
+  judge.on('error', (err) => log(`the early check failed (the run goes on to its end): ${err.message}`));
+  violationWatch = setInterval(() => {
+    if (judging || seenViolation) return;
+    judging = true;
+    const upTo = now() - 1000;
+    judge.postMessage({
+      history: history.filter((e) => e.at <= upTo),
+      run: { ...run, clockDriftMs: clockDriftMs(clockSamples).ms },
+      invariants: EARLY_INVARIANTS,
+    });
+  }, 1000);
+}
 await sleep(500);
 log('nemesis on');
-await nemesis.run(now() + run.seconds * 1000);
+await nemesis.run(now() + run.seconds * 1000, () => seenViolation !== null);
+clearInterval(violationWatch);
+await judge?.terminate();
 log('nemesis off: healing every fault');
 await nemesis.healAll();
 log(`healed; ${run.quietSeconds} s without faults`);
@@ -381,17 +436,8 @@ await cluster.stop();
 clearInterval(clockTimer);
 clearInterval(stallTimer);
 clockSamples.push([now(), Date.now()]);
-// The fastest rate over any 10 s (Date.now() has 1 ms steps: shorter spans are noise).
-let fastest = 0;
-for (let i = 0; i < clockSamples.length; i++) {
-  for (let j = i + 1; j < clockSamples.length; j++) {
-    const mono = clockSamples[j][0] - clockSamples[i][0];
-    if (mono < 10_000) continue;
-    fastest = Math.max(fastest, (clockSamples[j][1] - clockSamples[i][1] - 2) / mono - 1);
-    break;
-  }
-}
-run.clockDriftMs = Number((Math.max(0, fastest) * run.leaseMs).toFixed(2));
+const { fastest, ms: driftMs } = clockDriftMs(clockSamples);
+run.clockDriftMs = driftMs;
 log(`wall clock vs monotonic: up to ${(fastest * 1000).toFixed(2)} ms/s fast, ${run.clockDriftMs} ms per lease`);
 const verdict = check(history, run);
 const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
@@ -399,6 +445,8 @@ const summary = {
   // The files' names only: a summary is committed, and no path of this machine may be in it.
   command: `npm run chaos -- ${process.argv.slice(2).map((x, i, all) => (['--out', '--history'].includes(all[i - 1]) ? path.basename(x) : x)).join(' ')}`,
   seed, mode, minReplicas, notifications: run.notifications, mutant: run.mutant, probe: run.probe ?? undefined, seconds: run.seconds,
+  // --stop-at-violation: when (s after the run's start) and by what the faults ended early; null: they ran the whole time.
+  stoppedAtViolation: run.stopAtViolation ? (seenViolation && { afterS: Number(((seenViolation.at - t0) / 1000).toFixed(1)), invariant: seenViolation.invariant }) : undefined,
   keySlots: mode === 'cluster' ? Object.fromEntries(keySlots) : undefined,
   setup: { replicas: run.replicas, procs: run.procs, workersPerProc: run.workers, keys: run.keys, leaseMs: run.leaseMs, waitTimeoutMs: run.waitTimeoutMs, commandTimeoutMs: run.commandTimeoutMs, replicaTimeoutMs: run.replicaTimeoutMs, pingIntervalMs: run.pingIntervalMs, switchToleranceMs: run.switchToleranceMs, clockDriftMs: run.clockDriftMs },
   result: verdict.ok ? 'pass' : 'fail',
@@ -425,7 +473,7 @@ if (!verdict.ok) {
     console.log(`\n✗ ${v.invariant}: ${v.detail}`);
     for (const e of excerpt(verdict.events, v.around)) console.log(formatEvent(e, t0));
   }
-  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.notifications !== 'namespace' ? ` --notifications ${run.notifications}` : ''}${run.mutant ? ` --mutant ${run.mutant}` : ''}${run.probe ? ` --probe ${run.probe}` : ''}`);
+  console.log(`\nrerun: npm run chaos -- --seconds ${run.seconds} --seed ${seed} --mode ${mode} --min-replicas ${minReplicas}${run.notifications !== 'namespace' ? ` --notifications ${run.notifications}` : ''}${run.mutant ? ` --mutant ${run.mutant}` : ''}${run.probe ? ` --probe ${run.probe}` : ''}${run.stopAtViolation ? ' --stop-at-violation' : ''}`);
   process.exitCode = 1;
 } else {
   console.log(`\nPASSED: seed ${seed}, every invariant held.`);
