@@ -113,7 +113,7 @@ const base = path.join(dir, `${date}-throughput-ab`);
 writeFileSync(`${base}.json`, `${JSON.stringify(json, null, 1)}\n`);
 const md = [
   `# Throughput A/B: ${label.a} → ${label.b}`, '', o.purpose, '',
-  `Builds: ${label.a} ${json.builds[label.a].git ?? '?'} (addon ${json.builds[label.a].addonSha256}), ${label.b} ${json.builds[label.b].git ?? '?'} (addon ${json.builds[label.b].addonSha256}); ${rounds} rounds of A B B A, ${o.seconds} s windows. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
+  `Builds: ${label.a} ${json.builds[label.a].git ?? '(a copied build, not a checkout)'} (addon ${json.builds[label.a].addonSha256}), ${label.b} ${json.builds[label.b].git ?? '(a copied build, not a checkout)'} (addon ${json.builds[label.b].addonSha256}); ${rounds} rounds of A B B A, ${o.seconds} s windows. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
   '', '    ' + start.commandLine, '',
   `| in flight | metric | ${label.a} (median) | ${label.b} (median) | ${label.b} / ${label.a} | paired ${label.b} / ${label.a} |`,
   '|---:|---|---:|---:|---:|---|',
