@@ -3,6 +3,7 @@
 // variable is read once by the addon, so it is set before the package is loaded; node --test
 // runs this file in its own process.
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { after, before, test } from 'node:test';
 import { backend, uniqueNamespace, within } from './helpers/lock.mjs';
@@ -17,7 +18,7 @@ after(() => redis?.stop());
 
 test('with two worker threads, 256 locks in flight, a waiter and shutdown work as with one', async () => {
   const ns = uniqueNamespace('workers');
-  const d = createRedisLockDriver(redis.url, backend(ns));
+  const d = createRedisLockDriver(redis.url, backend(ns, { maxWaiters: 1024 }));
   const leases = await within(10_000, Promise.all(Array.from({ length: 256 }, (_, i) => d.acquire(`k${i}`))), '256 acquires');
   assert.ok(leases.every((l) => l.valid));
   const waiting = d.acquire('k0', { waitTimeoutMs: 5000 });
@@ -26,5 +27,11 @@ test('with two worker threads, 256 locks in flight, a waiter and shutdown work a
   const next = await within(5000, waiting, 'the waiter');
   assert.ok(BigInt(next.fence) > BigInt(leases[0].fence));
   await next.release();
+  if (process.platform === 'linux') {
+    const runtimeThreads = readdirSync('/proc/self/task').filter((tid) => {
+      try { return readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').startsWith('dokebi-lock-red'); } catch { return false; }
+    });
+    assert.equal(runtimeThreads.length, 2, 'the runtime has the two worker threads asked for');
+  }
   await d.shutdown();
 });
