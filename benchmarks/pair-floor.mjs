@@ -1,0 +1,174 @@
+// The floor under issue 37's last latency target: c=1 pair p50 ≤ 0.75× the reference build.
+// Two builds of this package and the pair's two scripts alone, in one process against one
+// throwaway redis-server, in interleaved windows at 1 in flight:
+//   A, B   the public driver of each build: acquire() then lease.release(), distinct keys
+//   raw    the same two scripts (src/scripts/acquire.lua, release.lua) as EVALSHA from ioredis
+//          on the JS thread, awaited one after the other: no driver logic and no thread
+//          crossing, the least any client that awaits Redis's reply without blocking the event
+//          loop can spend on a pair through a JS client
+//   socket the same two commands packed once by ioredis and written to a plain net.Socket,
+//          each awaited until its reply's first bytes arrive (nothing parsed): the pair's
+//          round trips and the JS thread's wake-ups alone, the floor of a design that reads
+//          the socket on the JS thread's event loop with no client code at all
+// Per window: the pair p50, and the JS thread's sleeps per pair (voluntary context switches of
+// the main thread: each is a wake-up it waited for). Reports the median over windows of each
+// and each variant's ratio to A: FLOOR when even the bare socket is above the target (no
+// design that awaits Redis without blocking the event loop reaches it here), FAIL when B is
+// above it but the socket is not (a design could still win the difference).
+//
+//   node benchmarks/pair-floor.mjs --a DIR --b DIR [--label-a A] [--label-b B]
+//     [--windows 12] [--seconds 1] [--out DIR]
+//
+// DIR holds index.js, binding.js and lock-redis.linux-x64-gnu.node (a checkout or worktree
+// after `npm run build`). Writes <date>-pair-floor.{json,md} to --out (default: a temporary
+// directory).
+
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import os from 'node:os';
+import path from 'node:path';
+import { startRedis } from '../__test__/helpers/redis.mjs';
+import { commandVersion, machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
+
+const require = createRequire(import.meta.url);
+const o = parseOptions(process.argv.slice(2), {
+  a: { type: 'string' },
+  b: { type: 'string' },
+  'label-a': { type: 'string', default: 'A' },
+  'label-b': { type: 'string', default: 'B' },
+  windows: { type: 'string', default: '12' },
+  seconds: { type: 'string', default: '1' },
+  out: { type: 'string' },
+});
+if (!o.a || !o.b) throw new Error('--a DIR and --b DIR are required');
+const start = runStart(import.meta.url);
+const windows = Number(o.windows);
+const seconds = Number(o.seconds);
+const TARGET = 0.75;
+
+/** The main thread's voluntary context switches so far: the sleeps it was woken from. */
+function jsSleeps() {
+  const status = readFileSync(`/proc/self/task/${process.pid}/status`, 'utf8');
+  return Number(/voluntary_ctxt_switches:\s+(\d+)/.exec(status)[1]);
+}
+
+const server = await startRedis();
+const Redis = require('ioredis');
+const redis = new Redis(server.url, { enableAutoPipelining: false });
+const script = (name) => readFileSync(path.join(root, 'src', 'scripts', `${name}.lua`), 'utf8');
+const acquireSha = await redis.script('LOAD', script('acquire'));
+const releaseSha = await redis.script('LOAD', script('release'));
+
+/** Which build a directory holds: its commit (and whether src differs from it) and its addon's hash. */
+function build(dir) {
+  const git = (...args) => { try { return execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' }).trim(); } catch { return null; } };
+  const addon = readFileSync(path.resolve(dir, 'lock-redis.linux-x64-gnu.node'));
+  return {
+    dir: path.resolve(dir), commit: git('rev-parse', '--short', 'HEAD'),
+    srcChanged: Boolean(git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock')),
+    addonSha256: createHash('sha256').update(addon).digest('hex').slice(0, 16),
+  };
+}
+
+const variants = [];
+for (const [label, dir] of [[o['label-a'], o.a], [o['label-b'], o.b]]) {
+  const { createRedisLockDriver } = require(path.resolve(dir, 'index.js'));
+  const driver = createRedisLockDriver(server.url, { driver: 'redis', connection: label, namespace: `pf-${label}`, leaseMs: 10_000 });
+  variants.push({ label, dir, build: build(dir), driver, pair: async (key) => (await driver.acquire(key)).release() });
+}
+let serial = 0;
+variants.push({
+  label: 'raw',
+  pair: async (key) => {
+    const token = `${process.pid.toString(16)}${(++serial).toString(16).padStart(26, '0')}`;
+    const lock = `pf:lock:{${key}}`;
+    await redis.evalsha(acquireSha, 2, lock, `pf:lock-fence:{${key}}`, token, 10_000);
+    await redis.evalsha(releaseSha, 1, lock, token, 'pf:lock-released', key);
+  },
+});
+const net = require('node:net');
+const { port, hostname } = new URL(server.url);
+const socket = net.connect(Number(port), hostname);
+await new Promise((resolve, reject) => socket.once('connect', resolve).once('error', reject));
+socket.setNoDelay(true);
+let replied = null;
+socket.on('data', () => replied?.());
+const send = (args) => new Promise((resolve) => {
+  replied = resolve;
+  socket.write(new Redis.Command('evalsha', args).toWritable(socket));
+});
+variants.push({
+  label: 'socket',
+  pair: async (key) => {
+    const token = `${process.pid.toString(16)}${(++serial).toString(16).padStart(26, '0')}`;
+    const lock = `pf:lock:{${key}}`;
+    await send([acquireSha, 2, lock, `pf:lock-fence:{${key}}`, token, 10_000]);
+    await send([releaseSha, 1, lock, token, 'pf:lock-released', key]);
+  },
+});
+for (const v of variants) Object.assign(v, { p50: [], sleeps: [] });
+
+async function window(v, w) {
+  const lat = [];
+  const before = jsSleeps();
+  const end = performance.now() + seconds * 1000;
+  for (let i = 0; performance.now() < end; i++) {
+    const t = performance.now();
+    await v.pair(`w${w}:${i}`);
+    lat.push(performance.now() - t);
+  }
+  const sleeps = (jsSleeps() - before) / lat.length;
+  lat.sort((x, y) => x - y);
+  if (w >= 0) {
+    v.p50.push(lat[lat.length >> 1] * 1000);
+    v.sleeps.push(sleeps);
+  }
+}
+
+for (const v of variants) await window(v, -1); // warm-up: connections, scripts, JIT
+for (let w = 0; w < windows; w++) {
+  // Each window in another order, so no variant always runs right after the same one.
+  const order = variants.slice(w % variants.length).concat(variants.slice(0, w % variants.length));
+  for (const v of w % 2 ? order.reverse() : order) await window(v, w);
+  process.stdout.write(`window ${w + 1}/${windows}\r`);
+}
+for (const v of variants) await v.driver?.shutdown();
+redis.disconnect();
+socket.destroy();
+await server.stop?.();
+
+const [a, b, raw, bare] = variants;
+const p50 = (v) => median(v.p50);
+const rows = variants.map((v) => ({
+  label: v.label, build: v.build ?? null, pairP50Us: round(p50(v), 1),
+  windowsMinUs: round(Math.min(...v.p50), 1), windowsMaxUs: round(Math.max(...v.p50), 1),
+  jsSleepsPerPair: round(median(v.sleeps), 2),
+}));
+const ratioB = p50(b) / p50(a);
+const ratioRaw = p50(raw) / p50(a);
+const ratioBare = p50(bare) / p50(a);
+const verdict = ratioB <= TARGET ? 'PASS' : ratioBare > TARGET ? 'FLOOR' : 'FAIL';
+const result = {
+  benchmark: 'pair-floor', date: start.date, commandLine: start.commandLine, machine: machineInfo(),
+  node: process.version, redis: commandVersion('redis-server'), windows, seconds,
+  rows, ratios: { bOverA: round(ratioB), rawOverA: round(ratioRaw), socketOverA: round(ratioBare) },
+  target: { text: `c=1 pair p50 of ${b.label} ≤ ${TARGET}× ${a.label}'s`, verdict },
+};
+const md = [
+  `# Pair floor at 1 in flight: ${a.label} → ${b.label}`, '',
+  `Builds: ${[a, b].map((v) => `${v.label} ${v.build.commit}${v.build.srcChanged ? ' (src changed)' : ''} (addon ${v.build.addonSha256})`).join(', ')}. ${result.machine.cpu}, ${result.machine.cores} cores; Node ${result.node}; ${result.redis}. ${windows} interleaved windows of ${seconds} s per variant, one process, one throwaway redis-server.`, '',
+  `    ${start.commandLine}`, '',
+  '| variant | pair p50 µs (median of windows) | windows min–max | JS-thread sleeps per pair | ÷ ' + a.label + ' |',
+  '|---|---:|---:|---:|---:|',
+  ...rows.map((r) => `| ${r.label} | ${r.pairP50Us} | ${r.windowsMinUs}–${r.windowsMaxUs} | ${r.jsSleepsPerPair} | ${round(r.pairP50Us / rows[0].pairP50Us)} |`), '',
+  `Target: ${result.target.text}: **${verdict}** (${b.label} ${round(ratioB)}×; the two scripts through ioredis ${round(ratioRaw)}×, on a bare socket ${round(ratioBare)}×).`, '',
+].join('\n');
+console.log(`\n${md}`);
+const out = o.out ?? mkdtempSync(path.join(os.tmpdir(), 'pair-floor-'));
+mkdirSync(out, { recursive: true });
+writeFileSync(path.join(out, `${start.date}-pair-floor.json`), `${JSON.stringify(result, null, 2)}\n`);
+writeFileSync(path.join(out, `${start.date}-pair-floor.md`), md);
+console.log(`wrote ${path.join(out, `${start.date}-pair-floor`)}.{json,md}`);
+process.exit(0);
