@@ -1,5 +1,6 @@
 //! The three Lua scripts and the validation of their replies.
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use redis::{Script, Value};
@@ -80,33 +81,46 @@ impl ReleaseChannels {
 
     /// The release script for `keys` and `token`. The namespace default sends exactly what
     /// the TypeScript driver sends.
-    pub(crate) fn call(&self, keys: &KeyNames, token: &str) -> ScriptCall {
+    pub(crate) fn call<'a>(&'a self, keys: &'a KeyNames, token: &'a str) -> ScriptCall<'a> {
         if self.mode == NotificationMode::Namespace {
             return ScriptCall {
                 script: release(false),
-                keys: vec![keys.lock.clone()],
-                args: vec![token.to_owned(), self.namespace.clone(), keys.hash.to_string()],
+                keys: vec![&keys.lock],
+                args: vec![token.into(), self.namespace.as_str().into(), (&*keys.hash).into()],
             };
         }
         let mut args = vec![
-            token.to_owned(),
-            self.key_channels.channel(&keys.hash),
-            keys.hash.to_string(),
-            if self.sharded { "1" } else { "0" }.to_owned(),
+            token.into(),
+            self.key_channels.channel(&keys.hash).into(),
+            (&*keys.hash).into(),
+            if self.sharded { "1" } else { "0" }.into(),
         ];
         if self.mode == NotificationMode::Both {
-            args.push(self.namespace.clone());
+            args.push(self.namespace.as_str().into());
         }
-        ScriptCall { script: release(true), keys: vec![keys.lock.clone()], args }
+        ScriptCall { script: release(true), keys: vec![&keys.lock], args }
     }
 }
 
-/// ARGV of the acquire script. Without a `fenceTtlMs` the arguments are the same two as
-/// before the option existed.
-pub(crate) fn acquire_args(token: &str, lease_ms: u32, fence_ttl_ms: Option<u64>) -> Vec<String> {
-    let mut args = vec![token.to_owned(), lease_ms.to_string()];
-    args.extend(fence_ttl_ms.map(|ttl| ttl.to_string()));
-    args
+/// ARGV of the acquire script after the token: leaseMs, and fenceTtlMs when given. Without
+/// a `fenceTtlMs` the arguments are the same two as before the option existed. Written once
+/// per driver, since the options do not change.
+pub(crate) struct AcquireArgs {
+    lease_ms: String,
+    fence_ttl_ms: Option<String>,
+}
+
+impl AcquireArgs {
+    pub(crate) fn new(lease_ms: u32, fence_ttl_ms: Option<u64>) -> Self {
+        Self { lease_ms: lease_ms.to_string(), fence_ttl_ms: fence_ttl_ms.map(|t| t.to_string()) }
+    }
+
+    /// The whole ARGV for `token`.
+    pub(crate) fn with_token<'a>(&'a self, token: &'a str) -> Vec<Cow<'a, str>> {
+        let mut args = vec![token.into(), self.lease_ms.as_str().into()];
+        args.extend(self.fence_ttl_ms.as_deref().map(Cow::from));
+        args
+    }
 }
 
 /// What an acquire reply means.
@@ -231,14 +245,20 @@ mod tests {
     #[test]
     fn the_namespace_default_releases_as_the_typescript_driver_and_per_key_on_the_keys_channel() {
         let k = KeyNames::new("svc", "job:1");
-        let ns = ReleaseChannels::new("svc", NotificationMode::Namespace, true).call(&k, "tok");
+        let channels = |mode| ReleaseChannels::new("svc", mode, mode != NotificationMode::PerKey);
+        let namespace = channels(NotificationMode::Namespace);
+        let ns = namespace.call(&k, "tok");
         assert_eq!(ns.script.sha(), RELEASE.sha());
         assert_eq!(ns.args, ["tok", "svc:lock-released", &*k.hash]);
         let channel = format!("svc:lock-released:{{{}}}", k.hash);
-        let per_key = ReleaseChannels::new("svc", NotificationMode::PerKey, false).call(&k, "tok");
+        let keyed = channels(NotificationMode::PerKey);
+        let per_key = keyed.call(&k, "tok");
         assert_eq!(per_key.script.sha(), RELEASE_KEYED.sha());
         assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
-        let both = ReleaseChannels::new("svc", NotificationMode::Both, true).call(&k, "tok");
-        assert_eq!(both.args, ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]);
+        let both = channels(NotificationMode::Both);
+        assert_eq!(
+            both.call(&k, "tok").args,
+            ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! followed (it surely did not run, decision 0009), and nothing handed to a connection
 //! that is closed or no longer the primary's (`refuse_if_stale`).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,14 +16,16 @@ use crate::clock::{self, Instant};
 use crate::error::RedisFailure;
 use crate::scripts::LuaScript;
 
-/// A script with its keys and arguments, ready to send.
-pub struct ScriptCall {
+/// A script with its keys and arguments, ready to send. The keys and most arguments are
+/// borrowed from the lease or the driver: copying them into owned strings was an allocation
+/// and a free each, on the runtime's thread, for every call (issue 37).
+pub struct ScriptCall<'a> {
     pub script: &'static LuaScript,
-    pub keys: Vec<String>,
-    pub args: Vec<String>,
+    pub keys: Vec<&'a str>,
+    pub args: Vec<Cow<'a, str>>,
 }
 
-impl ScriptCall {
+impl ScriptCall<'_> {
     fn command(&self, by_sha: bool) -> redis::Cmd {
         let (name, script) =
             if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
@@ -31,9 +34,13 @@ impl ScriptCall {
         let data = name.len()
             + script.len()
             + 20
-            + self.keys.iter().chain(&self.args).map(String::len).sum::<usize>();
+            + self.keys.iter().map(|k| k.len()).sum::<usize>()
+            + self.args.iter().map(|a| a.len()).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
-        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys);
+        for arg in &self.args {
+            cmd.arg(arg.as_ref());
+        }
         cmd
     }
 }
@@ -47,7 +54,7 @@ impl RedisLink {
 
     /// Runs a script by EVALSHA, and once by EVAL when the server lacks it (NOSCRIPT).
     /// Not timed: callers decide how long to wait, and may keep waiting for a late reply.
-    pub async fn eval(&self, conn: &Conn, call: &ScriptCall) -> Result<Value, RedisFailure> {
+    pub async fn eval(&self, conn: &Conn, call: &ScriptCall<'_>) -> Result<Value, RedisFailure> {
         close_if_asked(conn);
         self.refuse_if_stale(conn)?;
         let _carrying = conn.carrying();
@@ -165,7 +172,7 @@ impl RedisLink {
     /// moment the command was submitted, where lease deadlines start.
     pub async fn run(
         self: &Arc<Self>,
-        call: &ScriptCall,
+        call: &ScriptCall<'_>,
     ) -> Result<(Value, Instant), RedisFailure> {
         self.run_on(call).await.map(|(value, submitted, _)| (value, submitted))
     }
@@ -175,7 +182,7 @@ impl RedisLink {
     /// once on a new one (decision 0178).
     pub async fn run_on(
         self: &Arc<Self>,
-        call: &ScriptCall,
+        call: &ScriptCall<'_>,
     ) -> Result<(Value, Instant, Conn), RedisFailure> {
         let mut sent_anew = false;
         loop {
@@ -186,7 +193,7 @@ impl RedisLink {
                 Ok(reply) => return reply.map(|v| (v, submitted, conn)),
                 Err(_) => {
                     // Later commands would queue behind the stalled one on this connection.
-                    self.stalled(&conn, call.keys.first().map_or("", String::as_str));
+                    self.stalled(&conn, call.keys.first().copied().unwrap_or(""));
                     return Err(RedisFailure::command_timeout());
                 }
             }

@@ -61,23 +61,27 @@ impl Driver {
             let link = &this.inner.link;
             let lease_ms = this.inner.options.lease_ms;
             let token = new_token();
-            let call = ScriptCall {
-                script: scripts::acquire(),
-                keys: vec![keys.lock.clone(), keys.fence.clone()],
-                args: scripts::acquire_args(&token, lease_ms, this.inner.options.fence_ttl_ms),
-            };
             let submitted = clock::now();
-            let eval = link.eval(&conn, &call);
-            tokio::pin!(eval);
-            let reply = tokio::select! {
-                reply = &mut eval => reply,
-                _ = tokio::time::sleep(link.command_timeout) => {
-                    link.stalled(&conn, &keys.lock);
-                    let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
-                    // We stop waiting now: a key it set lives until now + leaseMs, if the
-                    // command ran by now (decision 0005 on a reply that never comes).
-                    let gone_by = key_expiry(clock::now(), lease_ms);
-                    return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
+            // In a block of its own: the call borrows the key names and the token, which
+            // the cleanup below takes over.
+            let reply = {
+                let call = ScriptCall {
+                    script: scripts::acquire(),
+                    keys: vec![&keys.lock, &keys.fence],
+                    args: this.inner.acquire_args.with_token(&token),
+                };
+                let eval = link.eval(&conn, &call);
+                tokio::pin!(eval);
+                tokio::select! {
+                    reply = &mut eval => reply,
+                    _ = tokio::time::sleep(link.command_timeout) => {
+                        link.stalled(&conn, &keys.lock);
+                        let _ = tx.send(Attempt::Failed(RedisFailure::command_timeout()));
+                        // We stop waiting now: a key it set lives until now + leaseMs, if the
+                        // command ran by now (decision 0005 on a reply that never comes).
+                        let gone_by = key_expiry(clock::now(), lease_ms);
+                        return this.chase_late_reply(eval, &conn, &keys, &token, gone_by).await;
+                    }
                 }
             };
             let answered = clock::now();

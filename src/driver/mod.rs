@@ -45,6 +45,7 @@ struct Inner {
     link: Arc<RedisLink>,
     /// Where releases are published (`notifications`).
     release_channels: ReleaseChannels,
+    acquire_args: scripts::AcquireArgs,
     leases: Registry,
     lines: Arc<Lines>,
     notify: Notifications,
@@ -100,6 +101,7 @@ impl Driver {
             let channel = keys::released_channel(&options.namespace);
             Notifications::namespace(id, channel, crate::switches::notifications_enabled())
         };
+        let acquire_args = scripts::AcquireArgs::new(options.lease_ms, options.fence_ttl_ms);
         Ok(Self {
             inner: Arc::new(Inner {
                 id,
@@ -107,6 +109,7 @@ impl Driver {
                 options,
                 link: Arc::new(link),
                 release_channels,
+                acquire_args,
                 leases: Registry::default(),
                 lines: Arc::new(Lines::default()),
                 notify,
@@ -364,8 +367,8 @@ impl Driver {
     async fn try_renew(&self, lease: &Arc<Lease>) -> Result<(), RenewFailed> {
         let call = ScriptCall {
             script: &scripts::RENEW,
-            keys: vec![lease.keys.lock.clone()],
-            args: vec![lease.token.clone(), lease.lease_ms.to_string()],
+            keys: vec![&lease.keys.lock],
+            args: vec![lease.token.as_str().into(), lease.lease_ms.to_string().into()],
         };
         let (value, submitted, conn) = match self.inner.link.run_on(&call).await {
             Ok(reply) => reply,
