@@ -45,6 +45,7 @@ struct Inner {
     link: Arc<RedisLink>,
     /// Where releases are published (`notifications`).
     release_channels: ReleaseChannels,
+    /// The acquire script's arguments after the token, written once.
     acquire_args: scripts::AcquireArgs,
     leases: Registry,
     lines: Arc<Lines>,
