@@ -178,6 +178,28 @@ export function gitInfo() {
   };
 }
 
+/**
+ * Which build a package directory holds (the A/B benchmarks load two): its commit, whether its
+ * src or Cargo files differ from that commit (a build of uncommitted work), and its addon's
+ * hash. `git` is null for a copied build that is not a checkout.
+ */
+export function buildInfo(dir) {
+  const git = (...args) => { try { return execFileSync('git', args, { cwd: dir, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim(); } catch { return null; } };
+  const addon = readFileSync(path.join(dir, 'lock-redis.linux-x64-gnu.node'));
+  const commit = git('rev-parse', '--short', 'HEAD');
+  return {
+    dir: path.resolve(dir), git: commit,
+    srcChanged: commit !== null && Boolean(git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock')),
+    addonSha256: createHash('sha256').update(addon).digest('hex').slice(0, 16),
+  };
+}
+
+/** A build of `buildInfo` in one line of a results file: `label commit (addon hash)`. */
+export function buildLine(label, info) {
+  const commit = info.git ?? '(a copied build, not a checkout)';
+  return `${label} ${commit}${info.srcChanged ? ' with uncommitted src changes' : ''} (addon ${info.addonSha256})`;
+}
+
 export function machineInfo() {
   const cpus = os.cpus();
   return {

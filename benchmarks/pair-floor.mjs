@@ -23,14 +23,12 @@
 // after `npm run build`). Writes <date>-pair-floor.{json,md} to --out (default: a temporary
 // directory).
 
-import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import { startRedis } from '../__test__/helpers/redis.mjs';
-import { commandVersion, machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
+import { buildInfo, buildLine, commandVersion, machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
 
 const require = createRequire(import.meta.url);
 const o = parseOptions(process.argv.slice(2), {
@@ -61,31 +59,25 @@ const script = (name) => readFileSync(path.join(root, 'src', 'scripts', `${name}
 const acquireSha = await redis.script('LOAD', script('acquire'));
 const releaseSha = await redis.script('LOAD', script('release'));
 
-/** Which build a directory holds: its commit (and whether src differs from it) and its addon's hash. */
-function build(dir) {
-  const git = (...args) => { try { return execFileSync('git', ['-C', dir, ...args], { encoding: 'utf8' }).trim(); } catch { return null; } };
-  const addon = readFileSync(path.resolve(dir, 'lock-redis.linux-x64-gnu.node'));
-  return {
-    dir: path.resolve(dir), commit: git('rev-parse', '--short', 'HEAD'),
-    srcChanged: Boolean(git('status', '--porcelain', '--', 'src', 'Cargo.toml', 'Cargo.lock')),
-    addonSha256: createHash('sha256').update(addon).digest('hex').slice(0, 16),
-  };
-}
-
 const variants = [];
 for (const [label, dir] of [[o['label-a'], o.a], [o['label-b'], o.b]]) {
   const { createRedisLockDriver } = require(path.resolve(dir, 'index.js'));
   const driver = createRedisLockDriver(server.url, { driver: 'redis', connection: label, namespace: `pf-${label}`, leaseMs: 10_000 });
-  variants.push({ label, dir, build: build(dir), driver, pair: async (key) => (await driver.acquire(key)).release() });
+  variants.push({ label, dir, build: buildInfo(dir), driver, pair: async (key) => (await driver.acquire(key)).release() });
 }
 let serial = 0;
+/** EVALSHA arguments of one pair on `key`, as the driver sends them, with a fresh token. */
+function pairArgs(key) {
+  const token = `${process.pid.toString(16)}${(++serial).toString(16).padStart(26, '0')}`;
+  const lock = `pf:lock:{${key}}`;
+  return [[acquireSha, 2, lock, `pf:lock-fence:{${key}}`, token, 10_000], [releaseSha, 1, lock, token, 'pf:lock-released', key]];
+}
 variants.push({
   label: 'raw',
   pair: async (key) => {
-    const token = `${process.pid.toString(16)}${(++serial).toString(16).padStart(26, '0')}`;
-    const lock = `pf:lock:{${key}}`;
-    await redis.evalsha(acquireSha, 2, lock, `pf:lock-fence:{${key}}`, token, 10_000);
-    await redis.evalsha(releaseSha, 1, lock, token, 'pf:lock-released', key);
+    const [acquire, release] = pairArgs(key);
+    await redis.evalsha(...acquire);
+    await redis.evalsha(...release);
   },
 });
 const net = require('node:net');
@@ -102,10 +94,9 @@ const send = (args) => new Promise((resolve) => {
 variants.push({
   label: 'socket',
   pair: async (key) => {
-    const token = `${process.pid.toString(16)}${(++serial).toString(16).padStart(26, '0')}`;
-    const lock = `pf:lock:{${key}}`;
-    await send([acquireSha, 2, lock, `pf:lock-fence:{${key}}`, token, 10_000]);
-    await send([releaseSha, 1, lock, token, 'pf:lock-released', key]);
+    const [acquire, release] = pairArgs(key);
+    await send(acquire);
+    await send(release);
   },
 });
 for (const v of variants) Object.assign(v, { p50: [], sleeps: [] });
@@ -158,7 +149,7 @@ const result = {
 };
 const md = [
   `# Pair floor at 1 in flight: ${a.label} → ${b.label}`, '',
-  `Builds: ${[a, b].map((v) => `${v.label} ${v.build.commit}${v.build.srcChanged ? ' (src changed)' : ''} (addon ${v.build.addonSha256})`).join(', ')}. ${result.machine.cpu}, ${result.machine.cores} cores; Node ${result.node}; ${result.redis}. ${windows} interleaved windows of ${seconds} s per variant, one process, one throwaway redis-server.`, '',
+  `Builds: ${[a, b].map((v) => buildLine(v.label, v.build)).join(', ')}. ${result.machine.cpu}, ${result.machine.cores} cores; Node ${result.node}; ${result.redis}. ${windows} interleaved windows of ${seconds} s per variant, one process, one throwaway redis-server.`, '',
   `    ${start.commandLine}`, '',
   '| variant | pair p50 µs (median of windows) | windows min–max | JS-thread sleeps per pair | ÷ ' + a.label + ' |',
   '|---|---:|---:|---:|---:|',

@@ -14,11 +14,10 @@
 // Writes <date>-throughput-ab.{json,md} to --out (default: a temporary directory).
 
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
+import { buildInfo, buildLine, machineInfo, median, parseOptions, round, root, runStart } from './lib.mjs';
 
 const o = parseOptions(process.argv.slice(2), {
   a: { type: 'string' },
@@ -42,15 +41,6 @@ const METRICS = [
 const start = runStart(import.meta.url);
 const builds = { a: path.resolve(o.a), b: path.resolve(o.b) };
 const label = { a: o['label-a'], b: o['label-b'] };
-const describe = (dir) => {
-  const addon = readFileSync(path.join(dir, 'lock-redis.linux-x64-gnu.node'));
-  let git = null;
-  try {
-    git = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: dir, encoding: 'utf8' }).trim();
-  } catch {}
-  return { git, addonSha256: createHash('sha256').update(addon).digest('hex').slice(0, 16) };
-};
-
 function runOnce(which) {
   const out = mkdtempSync(path.join(os.tmpdir(), `dokebi-ab-${which}-`));
   const args = ['benchmarks/throughput.bench.mjs', '--quick', '--only', 'dokebi', '--seconds', o.seconds,
@@ -103,7 +93,7 @@ const json = {
   benchmark: 'throughput-ab', date, purpose: o.purpose, command: start.commandLine,
   machine: { ...machineInfo(), loadAverageBefore: start.loadBefore.map((x) => round(x, 2)) },
   versions: { node: process.version, redisServer: execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).trim(), '@dokebi/lock-redis': JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).version },
-  builds: { [label.a]: describe(builds.a), [label.b]: describe(builds.b) },
+  builds: { [label.a]: buildInfo(builds.a), [label.b]: buildInfo(builds.b) },
   order: 'A B B A per round; pairedRatios are B / A of each consecutive pair of runs',
   summary, runs,
 };
@@ -113,7 +103,7 @@ const base = path.join(dir, `${date}-throughput-ab`);
 writeFileSync(`${base}.json`, `${JSON.stringify(json, null, 1)}\n`);
 const md = [
   `# Throughput A/B: ${label.a} → ${label.b}`, '', o.purpose, '',
-  `Builds: ${label.a} ${json.builds[label.a].git ?? '(a copied build, not a checkout)'} (addon ${json.builds[label.a].addonSha256}), ${label.b} ${json.builds[label.b].git ?? '(a copied build, not a checkout)'} (addon ${json.builds[label.b].addonSha256}); ${rounds} rounds of A B B A, ${o.seconds} s windows. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
+  `Builds: ${buildLine(label.a, json.builds[label.a])}, ${buildLine(label.b, json.builds[label.b])}; ${rounds} rounds of A B B A, ${o.seconds} s windows. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
   '', '    ' + start.commandLine, '',
   `| in flight | metric | ${label.a} (median) | ${label.b} (median) | ${label.b} / ${label.a} | paired ${label.b} / ${label.a} |`,
   '|---:|---|---:|---:|---:|---|',
