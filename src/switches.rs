@@ -37,6 +37,14 @@ pub(crate) fn notifications_enabled() -> bool {
     std::env::var("DOKEBI_LOCK_REDIS_NOTIFICATIONS").map_or(true, |v| v != "0")
 }
 
+/// `DOKEBI_LOCK_REDIS_LANE=0` sends a standalone node's commands through redis-rs's
+/// multiplexed connection instead of the driver's own (decision 0180). Read once.
+pub(crate) fn lanes_enabled() -> bool {
+    static ON: LazyLock<bool> =
+        LazyLock::new(|| std::env::var("DOKEBI_LOCK_REDIS_LANE").map_or(true, |v| v != "0"));
+    *ON
+}
+
 /// `DOKEBI_LOCK_REDIS_STAY_AWAKE_US`: how long the runtime's thread polls while a reply is
 /// due (docs/decisions/0041); 0 turns it off.
 #[cfg(all(feature = "node", not(test)))]

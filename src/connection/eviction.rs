@@ -27,6 +27,9 @@ async fn info_memory(conn: Handle) -> redis::RedisResult<String> {
     info.arg("memory");
     match conn {
         Handle::Single(mut conn) => info.query_async(&mut conn).await,
+        Handle::Lane(lane) => {
+            Ok(redis::from_redis_value(lane.send(&info).await?.extract_error()?)?)
+        }
         // INFO has no key: redis-rs would ask every primary and merge the replies.
         Handle::Cluster(mut cluster) => {
             let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);

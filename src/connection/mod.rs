@@ -1,15 +1,18 @@
 //! One lazily opened, multiplexed Redis connection per backend (or one Cluster connection):
 //! where it connects (the URL's node, the primary Sentinel names, a Cluster), its
-//! generations, and forgetting or closing it. Beside it: script calls on it (`script`),
-//! subscription connections (`pubsub`), TLS (`tls`) and the eviction-policy advice
-//! (`eviction`).
+//! generations, and forgetting or closing it. A plain-TCP connection to the URL's node is
+//! the driver's own (`lane`, decision 0180), any other redis-rs's. Beside it: script calls
+//! on it (`script`), subscription connections (`pubsub`), TLS (`tls`) and the
+//! eviction-policy advice (`eviction`).
 //!
 //! Failures are classified where they happen: a connect that fails sent nothing
-//! (`not-submitted`); once a command is queued on the multiplexed connection, redis-rs
-//! cannot say whether Redis saw it, so an I/O failure there is `unknown` (decision 0003).
+//! (`not-submitted`); once a command is queued on a connection, neither redis-rs nor the
+//! driver's own connection can say whether Redis saw it, so an I/O failure there is
+//! `unknown` (decision 0003).
 
 mod cluster;
 mod eviction;
+mod lane;
 mod liveness;
 mod pubsub;
 mod script;
@@ -33,6 +36,7 @@ pub(crate) use script::ScriptCall;
 use crate::error::{LockError, LockErrorCode, Outcome, RedisErrorCode, RedisFailure};
 use crate::options::{ConnectionOptions, TlsOptions};
 use crate::sentinel::{self, Sentinel, SentinelAuth};
+use crate::switches::lanes_enabled;
 use tls::certificates;
 
 /// A connection of a known generation, so a failure resets only the connection it hit.
@@ -77,6 +81,9 @@ impl Conn {
 #[derive(Clone)]
 enum Handle {
     Single(MultiplexedConnection),
+    /// A plain-TCP connection to the URL's node: callers write, one task reads (`lane`,
+    /// decision 0180).
+    Lane(lane::Lane),
     /// Routes each script by its first key's slot; both lock keys share a hash tag.
     Cluster(ClusterConn),
 }
@@ -85,8 +92,14 @@ impl Handle {
     async fn send(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
         match self {
             Handle::Single(conn) => conn.send_packed_command(cmd).await,
+            Handle::Lane(lane) => lane.send(cmd).await,
             Handle::Cluster(conn) => conn.req_packed_command(cmd).await,
         }
+    }
+
+    /// A connection to one node, not a Cluster's.
+    fn is_one_node(&self) -> bool {
+        !matches!(self, Handle::Cluster(_))
     }
 }
 
@@ -346,14 +359,15 @@ impl RedisLink {
                         .map_err(|e| RedisFailure::connect(&e))?;
                     Ok((Handle::Cluster(conn), 0))
                 }
-                Target::Fixed(node) => Ok((
-                    Handle::Single(
-                        self.open_single(node, &closed)
-                            .await
-                            .map_err(|e| RedisFailure::connect(&e))?,
-                    ),
-                    0,
-                )),
+                Target::Fixed(node) => {
+                    let info = node.resp2.get_connection_info();
+                    let handle = if self.tls.is_none() && lane::fits(info) && lanes_enabled() {
+                        lane::Lane::open(info, closed.clone()).await.map(Handle::Lane)
+                    } else {
+                        self.open_single(node, &closed).await.map(Handle::Single)
+                    };
+                    Ok((handle.map_err(|e| RedisFailure::connect(&e))?, 0))
+                }
                 Target::Sentinel(sentinel) => self.open_primary(sentinel, &closed).await,
             }
         };
@@ -366,7 +380,7 @@ impl RedisLink {
             tokio::spawn(eviction::check_eviction_policy(self.clone(), inner.clone()));
         }
         let activity = Arc::new(match inner {
-            Handle::Single(_) => liveness::Activity::new(),
+            Handle::Single(_) | Handle::Lane(_) => liveness::Activity::new(),
             Handle::Cluster(_) => liveness::Activity::per_interval(),
         });
         self.watch_liveness(&activity, &inner, &closed);
@@ -392,6 +406,9 @@ impl RedisLink {
                     Handle::Single(conn) => {
                         Answer::of(timeout, conn.send_packed_command(&redis::cmd("PING")), true)
                             .await
+                    }
+                    Handle::Lane(lane) => {
+                        Answer::of(timeout, lane.send(&redis::cmd("PING")), true).await
                     }
                     Handle::Cluster(conn) => {
                         Answer::of(timeout, cluster::ping_nodes(conn), false).await
@@ -504,7 +521,7 @@ impl RedisLink {
     /// node); false then, and for no connection at all.
     pub(crate) async fn probe(&self) -> bool {
         let conn = match &*self.state() {
-            State::Connected(conn) if matches!(conn.inner, Handle::Single(_)) => conn.clone(),
+            State::Connected(conn) if conn.inner.is_one_node() => conn.clone(),
             _ => return false,
         };
         if conn.is_closed() {
