@@ -77,8 +77,9 @@ pub(crate) fn fits(info: &ConnectionInfo) -> bool {
 }
 
 impl Lane {
-    /// Connects, authenticates and selects the database `info` names, then starts the task.
-    /// `closed` is set when the connection ends. Bounded by the caller's connect timeout.
+    /// Connects, says HELLO (authenticating) and selects the database `info` names, then starts
+    /// the task. `closed` is set when the connection ends. Bounded by the caller's connect
+    /// timeout.
     pub(crate) async fn open(info: &ConnectionInfo, closed: Arc<AtomicBool>) -> RedisResult<Self> {
         let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
             return Err(RedisError::from((redis::ErrorKind::InvalidClientConfig, "not plain TCP")));
@@ -88,21 +89,31 @@ impl Lane {
         socket.set_nodelay(info.tcp_settings().nodelay())?;
         let mut replies = Replies::default();
         let settings = info.redis_settings();
+        // HELLO, as redis-rs's handshake, but staying on RESP2: "connected" means the server
+        // answered (one that accepts TCP and never answers is a connect that times out, with
+        // nothing sent, decision 0004), and a server busy with a script or loading its data
+        // still answers HELLO, so that state reaches the first script as its own refusal.
+        let mut hello = redis::cmd("HELLO");
+        hello.arg(2);
         if let Some(password) = settings.password() {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(username) = settings.username() {
-                auth.arg(username);
+            hello.arg("AUTH").arg(settings.username().unwrap_or("default")).arg(password);
+        }
+        match replies.handshake(&socket, &hello).await {
+            // A server older than HELLO (Redis 5): AUTH alone.
+            Err(err) if super::is_no_resp3(&err) => {
+                if let Some(password) = settings.password() {
+                    let mut auth = redis::cmd("AUTH");
+                    if let Some(username) = settings.username() {
+                        auth.arg(username);
+                    }
+                    auth.arg(password);
+                    replies.handshake(&socket, &auth).await?;
+                }
             }
-            auth.arg(password);
-            replies.handshake(&socket, &auth).await?;
+            other => other?,
         }
         if settings.db() != 0 {
             replies.handshake(&socket, redis::cmd("SELECT").arg(settings.db())).await?;
-        }
-        // Connected means answered, as with redis-rs's HELLO: a server that accepts TCP and
-        // never answers is a connect that times out, with nothing sent (decision 0004).
-        if settings.password().is_none() && settings.db() == 0 {
-            replies.handshake(&socket, &redis::cmd("PING")).await?;
         }
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
