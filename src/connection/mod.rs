@@ -403,16 +403,10 @@ impl RedisLink {
             let mut handle = handle.clone();
             async move {
                 match &mut handle {
-                    Handle::Single(conn) => {
-                        Answer::of(timeout, conn.send_packed_command(&redis::cmd("PING")), true)
-                            .await
-                    }
-                    Handle::Lane(lane) => {
-                        Answer::of(timeout, lane.send(&redis::cmd("PING")), true).await
-                    }
                     Handle::Cluster(conn) => {
                         Answer::of(timeout, cluster::ping_nodes(conn), false).await
                     }
+                    one_node => Answer::of(timeout, one_node.send(&redis::cmd("PING")), true).await,
                 }
             }
         };

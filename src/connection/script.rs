@@ -26,9 +26,18 @@ pub struct ScriptCall<'a> {
 }
 
 impl ScriptCall<'_> {
+    /// The command's name and its first argument: EVALSHA and the SHA-1, or EVAL and the
+    /// source.
+    fn head(&self, by_sha: bool) -> (&'static str, &'static str) {
+        if by_sha {
+            ("EVALSHA", self.script.sha())
+        } else {
+            ("EVAL", self.script.source)
+        }
+    }
+
     fn command(&self, by_sha: bool) -> redis::Cmd {
-        let (name, script) =
-            if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
+        let (name, script) = self.head(by_sha);
         // Sized up front: grown argument by argument, the command's buffers were reallocated
         // several times per call on the runtime's thread (docs/perf/README.md).
         let data = name.len()
@@ -49,8 +58,7 @@ impl ScriptCall<'_> {
     /// runtime thread's instructions per pair (two allocations, two passes over the
     /// arguments). Byte for byte what redis-rs packs from [`command`](Self::command) (tested).
     fn pack(&self, by_sha: bool, out: &mut Vec<u8>) {
-        let (name, script) =
-            if by_sha { ("EVALSHA", self.script.sha()) } else { ("EVAL", self.script.source) };
+        let (name, script) = self.head(by_sha);
         let mut digits = itoa::Buffer::new();
         out.push(b'*');
         out.extend_from_slice(digits.format(3 + self.keys.len() + self.args.len()).as_bytes());
