@@ -114,6 +114,7 @@ class Lease {
   #backend
   #id
   #key
+  #fence
   #namespace
   #released = false
   // Made at the first read of `signal`, not before: a caller who never reads it pays nothing.
@@ -124,10 +125,15 @@ class Lease {
     this.#namespace = namespace
     this.#backend = backend
     this.#id = nativeLease.id
-    Object.defineProperty(this, 'fence', { value: nativeLease.fence, enumerable: true })
+    // A getter, like `key`: read-only as the contract says, and ~0.2 µs less per acquire on
+    // the JS thread than a non-writable own property (docs/decisions/0181).
+    this.#fence = nativeLease.fence
   }
   get key() {
     return this.#key
+  }
+  get fence() {
+    return this.#fence
   }
   get valid() {
     const valid = this.#backend.leaseValid(this.#id)
@@ -246,7 +252,8 @@ function createRedisLockDriver(connection, options, logger) {
     return channels.acquire.tracePromise(acquireLease, { key, namespace }, undefined, key, acquireOptions)
   }
 
-  async function acquireLease(key, acquireOptions = {}) {
+  async function acquireLease(key, acquireOptions) {
+    if (acquireOptions === undefined) return leaseOf(key, await backend.acquire(key, undefined))
     checkFields('acquire options', acquireOptions, ACQUIRE_OPTIONS)
     const { signal, waitTimeoutMs } = acquireOptions
     if (signal !== undefined && !(signal instanceof AbortSignal)) {

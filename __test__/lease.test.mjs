@@ -47,6 +47,17 @@ describe('acquire', () => {
     await lease.release();
   });
 
+  test("a lease's key and fence cannot be changed: assigning either throws and leaves it as it was", async (t) => {
+    const d = driverFor(t, uniqueNamespace('lease'));
+    const lease = await d.acquire('readonly');
+    const { key, fence } = lease;
+    assert.throws(() => { lease.fence = '1'; }, TypeError);
+    assert.throws(() => { lease.key = 'other'; }, TypeError);
+    assert.equal(lease.fence, fence);
+    assert.equal(lease.key, key);
+    assert.equal(await lease.release(), true);
+  });
+
   test('stores the token under <ns>:lock:{sha256} with a PTTL near leaseMs and the fence under <ns>:lock-fence:{sha256} without expiry', async (t) => {
     const ns = uniqueNamespace('layout');
     const d = driverFor(t, ns, { leaseMs: 4000 });

@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use redis::{Script, Value};
+use smallvec::{smallvec, SmallVec};
 
 use crate::connection::ScriptCall;
 use crate::keys::{self, KeyChannels, KeyNames};
@@ -85,11 +86,11 @@ impl ReleaseChannels {
         if self.mode == NotificationMode::Namespace {
             return ScriptCall {
                 script: release(false),
-                keys: vec![&keys.lock],
-                args: vec![token.into(), self.namespace.as_str().into(), (&*keys.hash).into()],
+                keys: smallvec![&*keys.lock],
+                args: smallvec![token.into(), self.namespace.as_str().into(), (&*keys.hash).into()],
             };
         }
-        let mut args = vec![
+        let mut args: SmallVec<_> = smallvec![
             token.into(),
             self.key_channels.channel(&keys.hash).into(),
             (&*keys.hash).into(),
@@ -98,7 +99,7 @@ impl ReleaseChannels {
         if self.mode == NotificationMode::Both {
             args.push(self.namespace.as_str().into());
         }
-        ScriptCall { script: release(true), keys: vec![&keys.lock], args }
+        ScriptCall { script: release(true), keys: smallvec![&*keys.lock], args }
     }
 }
 
@@ -116,8 +117,8 @@ impl AcquireArgs {
     }
 
     /// The whole ARGV for `token`.
-    pub(crate) fn with_token<'a>(&'a self, token: &'a str) -> Vec<Cow<'a, str>> {
-        let mut args = vec![token.into(), self.lease_ms.as_str().into()];
+    pub(crate) fn with_token<'a>(&'a self, token: &'a str) -> SmallVec<[Cow<'a, str>; 5]> {
+        let mut args: SmallVec<_> = smallvec![token.into(), self.lease_ms.as_str().into()];
         args.extend(self.fence_ttl_ms.as_deref().map(Cow::from));
         args
     }
@@ -249,15 +250,15 @@ mod tests {
         let namespace = channels(NotificationMode::Namespace);
         let ns = namespace.call(&k, "tok");
         assert_eq!(ns.script.sha(), RELEASE.sha());
-        assert_eq!(ns.args, ["tok", "svc:lock-released", &*k.hash]);
+        assert_eq!(ns.args[..], ["tok", "svc:lock-released", &*k.hash]);
         let channel = format!("svc:lock-released:{{{}}}", k.hash);
         let keyed = channels(NotificationMode::PerKey);
         let per_key = keyed.call(&k, "tok");
         assert_eq!(per_key.script.sha(), RELEASE_KEYED.sha());
-        assert_eq!(per_key.args, ["tok", &*channel, &*k.hash, "0"]);
+        assert_eq!(per_key.args[..], ["tok", &*channel, &*k.hash, "0"]);
         let both = channels(NotificationMode::Both);
         assert_eq!(
-            both.call(&k, "tok").args,
+            both.call(&k, "tok").args[..],
             ["tok", &*channel, &*k.hash, "1", "svc:lock-released"]
         );
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::Value;
+use smallvec::SmallVec;
 
 use super::{Conn, Handle, RedisLink, Target};
 use crate::clock::{self, Instant};
@@ -17,12 +18,13 @@ use crate::error::RedisFailure;
 use crate::scripts::LuaScript;
 
 /// A script with its keys and arguments, ready to send. The keys and most arguments are
-/// borrowed from the lease or the driver: copying them into owned strings was an allocation
-/// and a free each, on the runtime's thread, for every call (issue 37).
+/// borrowed from the lease or the driver, and both lists are inline: copying them into owned
+/// strings, and the lists themselves, were an allocation and a free each, on the runtime's
+/// thread, for every call (issue 37).
 pub struct ScriptCall<'a> {
     pub script: &'static LuaScript,
-    pub keys: Vec<&'a str>,
-    pub args: Vec<Cow<'a, str>>,
+    pub keys: SmallVec<[&'a str; 2]>,
+    pub args: SmallVec<[Cow<'a, str>; 5]>,
 }
 
 impl ScriptCall<'_> {
@@ -46,7 +48,7 @@ impl ScriptCall<'_> {
             + self.keys.iter().map(|k| k.len()).sum::<usize>()
             + self.args.iter().map(|a| a.len()).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
-        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys);
+        cmd.arg(name).arg(script).arg(self.keys.len()).arg(&self.keys[..]);
         for arg in &self.args {
             cmd.arg(arg.as_ref());
         }
@@ -287,18 +289,31 @@ fn close_if_asked(conn: &Conn) {
 mod tests {
     use super::*;
     use crate::scripts::{ACQUIRE, RELEASE};
+    use smallvec::smallvec;
 
     #[test]
     fn a_script_is_packed_byte_for_byte_as_redis_rs_packs_it() {
         let long = "é".repeat(200);
         let calls = [
-            ScriptCall { script: &ACQUIRE, keys: vec!["{h}:lock", "{h}:fence"], args: vec![] },
+            ScriptCall {
+                script: &ACQUIRE,
+                keys: smallvec!["{h}:lock", "{h}:fence"],
+                args: smallvec![],
+            },
             ScriptCall {
                 script: &RELEASE,
-                keys: vec!["{h}:lock"],
-                args: vec![Cow::Borrowed("token"), Cow::Owned(long.clone()), Cow::Borrowed("")],
+                keys: smallvec!["{h}:lock"],
+                args: smallvec![
+                    Cow::Borrowed("token"),
+                    Cow::Owned(long.clone()),
+                    Cow::Borrowed("")
+                ],
             },
-            ScriptCall { script: &RELEASE, keys: vec![], args: vec![Cow::Borrowed("1234567890")] },
+            ScriptCall {
+                script: &RELEASE,
+                keys: smallvec![],
+                args: smallvec![Cow::Borrowed("1234567890")],
+            },
         ];
         for call in &calls {
             for by_sha in [true, false] {

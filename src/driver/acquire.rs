@@ -41,6 +41,18 @@ impl Driver {
         wait_ms: Option<u32>,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<Arc<Lease>, LockError>> + Send + 'static {
+        self.acquire_unless(key, wait_ms, Some(cancel))
+    }
+
+    /// [`acquire`](Self::acquire), with no token when the caller has no signal: most
+    /// acquires, which then allocate no token and take none of its locks.
+    pub fn acquire_unless(
+        &self,
+        key: &str,
+        wait_ms: Option<u32>,
+        cancel: Option<CancellationToken>,
+    ) -> impl Future<Output = Result<Arc<Lease>, LockError>> + Send + 'static {
+        let cancel = Signal(cancel);
         let admitted = self.admit(key, wait_ms, &cancel);
         let this = self.clone();
         async move {
@@ -56,14 +68,14 @@ impl Driver {
         &self,
         key: &str,
         wait_ms: Option<u32>,
-        cancel: &CancellationToken,
+        cancel: &Signal,
     ) -> Result<Admitted, LockError> {
         let inner = &self.inner;
         let options = &inner.options;
         if inner.stopping.is_cancelled() {
             return Err(LockError::shut_down());
         }
-        if cancel.is_cancelled() {
+        if cancel.is_aborted() {
             return Err(LockError::aborted());
         }
         let in_progress = inner.in_progress.enter(options.max_waiters as usize)?;
@@ -86,7 +98,7 @@ impl Driver {
     async fn wait_and_acquire(
         &self,
         admitted: Admitted,
-        cancel: CancellationToken,
+        cancel: Signal,
     ) -> Result<Arc<Lease>, LockError> {
         let inner = &self.inner;
         let options = &inner.options;
@@ -147,14 +159,18 @@ impl Driver {
                 Some(Ok(conn)) => {
                     let (mut attempt, mut reply) = self.attempt(conn, keys.clone());
                     // Driven here until it answers; dropped then (or on leaving), what is
-                    // left of it goes on in a task of its own.
+                    // left of it goes on in a task of its own. The two stops are registered
+                    // once for the whole loop, not at each of its turns (two locks each).
+                    let stopped = inner.stopping.cancelled();
+                    let aborted = cancel.aborted();
+                    tokio::pin!(stopped, aborted);
                     let answer = loop {
                         tokio::select! {
                             biased;
                             r = &mut reply => break r,
                             _ = &mut attempt, if !attempt.is_done() => {}
-                            _ = inner.stopping.cancelled() => { drop(attempt); self.salvage(reply); return Err(LockError::shut_down()) }
-                            _ = cancel.cancelled() => { drop(attempt); self.salvage(reply); return Err(LockError::aborted()) }
+                            _ = &mut stopped => { drop(attempt); self.salvage(reply); return Err(LockError::shut_down()) }
+                            _ = &mut aborted => { drop(attempt); self.salvage(reply); return Err(LockError::aborted()) }
                         }
                     };
                     drop(attempt);
@@ -220,7 +236,7 @@ impl Driver {
     fn really_waiting(&self, place: &Place, hash: &Arc<str>) {
         let inner = &self.inner;
         place.mark_waiting();
-        inner.notify.ensure(hash, &inner.link, &inner.lines, &inner.stopping, &inner.tasks);
+        inner.notify.ensure(hash, &inner.link, &inner.lines, inner.stopping.token(), &inner.tasks);
     }
 
     /// Runs `work` unless shutdown begins or the caller's signal aborts first (checked first).
@@ -229,13 +245,13 @@ impl Driver {
     /// here twice (benchmarks/results/2026-12-06-where-it-goes.md).
     async fn unless_stopped<T>(
         &self,
-        cancel: &CancellationToken,
+        cancel: &Signal,
         work: impl Future<Output = T>,
     ) -> Result<T, LockError> {
         if self.inner.stopping.is_cancelled() {
             return Err(LockError::shut_down());
         }
-        if cancel.is_cancelled() {
+        if cancel.is_aborted() {
             return Err(LockError::aborted());
         }
         let mut work = std::pin::pin!(work);
@@ -245,7 +261,7 @@ impl Driver {
         tokio::select! {
             biased;
             _ = self.inner.stopping.cancelled() => Err(LockError::shut_down()),
-            _ = cancel.cancelled() => Err(LockError::aborted()),
+            _ = cancel.aborted() => Err(LockError::aborted()),
             out = work => Ok(out),
         }
     }
@@ -255,7 +271,7 @@ impl Driver {
         &self,
         place: &Place,
         delay: Duration,
-        cancel: &CancellationToken,
+        cancel: &Signal,
     ) -> Result<(), LockError> {
         let woken = self
             .unless_stopped(cancel, async {
@@ -284,7 +300,7 @@ impl Driver {
     /// the key and gave it back meanwhile: the head start is sized again, shorter, instead
     /// of trying for a key that was surely taken. A long head start is thus often never
     /// served, which spares Redis the attempt.
-    async fn head_start(&self, place: &Place, cancel: &CancellationToken) -> Result<(), LockError> {
+    async fn head_start(&self, place: &Place, cancel: &Signal) -> Result<(), LockError> {
         while let Some(head_start) = self.inner.lines.head_start(&place.line) {
             let announced = self
                 .unless_stopped(cancel, async {
@@ -313,6 +329,23 @@ impl Driver {
             options.poll_interval_ms
         };
         Duration::from_millis(ms.into())
+    }
+}
+
+/// The caller's AbortSignal as a token, or none.
+struct Signal(Option<CancellationToken>);
+
+impl Signal {
+    fn is_aborted(&self) -> bool {
+        self.0.as_ref().is_some_and(CancellationToken::is_cancelled)
+    }
+
+    /// Pending forever without a signal.
+    async fn aborted(&self) {
+        match &self.0 {
+            Some(token) => token.cancelled().await,
+            None => std::future::pending().await,
+        }
     }
 }
 

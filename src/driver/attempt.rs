@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use futures::FutureExt;
+use smallvec::smallvec;
 use tokio::sync::oneshot;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
@@ -67,7 +68,7 @@ impl Driver {
             let reply = {
                 let call = ScriptCall {
                     script: scripts::acquire(),
-                    keys: vec![&keys.lock, &keys.fence],
+                    keys: smallvec![&*keys.lock, &*keys.fence],
                     args: this.inner.acquire_args.with_token(&token),
                 };
                 let eval = link.eval(&conn, &call);

@@ -34,7 +34,7 @@ impl Driver {
             return;
         };
         let driver = self.downgrade();
-        let stopping = self.inner.stopping.clone();
+        let stopping = self.inner.stopping.token().clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {

@@ -64,7 +64,7 @@ impl Driver {
         lease: &Arc<Lease>,
         options: KeepAlive,
     ) -> Result<impl Future<Output = ()> + Send + 'static, LockError> {
-        let stop = match lease.start_keep_alive(&self.inner.stopping) {
+        let stop = match lease.start_keep_alive(self.inner.stopping.token()) {
             Ok(stop) => stop,
             // renew()'s rule: not valid locally is LEASE_EXPIRED, whatever ended it.
             Err(_) => return Err(self.counted::<()>(Err(super::no_longer_valid())).unwrap_err()),

@@ -13,9 +13,10 @@ mod wake_up;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use smallvec::smallvec;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,6 +32,34 @@ use crate::stats::{Counters, Stats};
 use crate::waiters::{InProgress, Lines};
 
 static NEXT_DRIVER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Shutdown's token, with a flag that says the same without a lock: `is_cancelled` on the
+/// token takes its mutex, and an uncontended acquire asked three times (issue 37).
+#[derive(Default)]
+pub(crate) struct Stopping {
+    stopped: AtomicBool,
+    token: CancellationToken,
+}
+
+impl Stopping {
+    /// Set before the token is cancelled: whoever sees the token cancelled sees this too.
+    fn cancel(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    pub(crate) fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+}
 
 /// A lock backend on one Redis. Cheap to clone; clones share everything.
 #[derive(Clone)]
@@ -55,7 +84,7 @@ struct Inner {
     /// WAIT for minReplicas after a winning acquire and a renew (decisions 0025–0027).
     replicas: Replicas,
     /// Cancelled when shutdown begins: stops every wait.
-    stopping: CancellationToken,
+    stopping: Stopping,
     /// Every task that talks to Redis, so shutdown can wait for them.
     tasks: TaskTracker,
     /// Background cleanups that failed while shutdown was running.
@@ -117,7 +146,7 @@ impl Driver {
                 in_progress: InProgress::default(),
                 counters: Counters::default(),
                 replicas,
-                stopping: CancellationToken::new(),
+                stopping: Stopping::default(),
                 tasks: TaskTracker::new(),
                 cleanup_failures: Mutex::new(Vec::new()),
                 shutdown_result: tokio::sync::OnceCell::new(),
@@ -368,8 +397,8 @@ impl Driver {
     async fn try_renew(&self, lease: &Arc<Lease>) -> Result<(), RenewFailed> {
         let call = ScriptCall {
             script: &scripts::RENEW,
-            keys: vec![&lease.keys.lock],
-            args: vec![lease.token.as_str().into(), lease.lease_ms.to_string().into()],
+            keys: smallvec![&*lease.keys.lock],
+            args: smallvec![lease.token.as_str().into(), lease.lease_ms.to_string().into()],
         };
         let (value, submitted, conn) = match self.inner.link.run_on(&call).await {
             Ok(reply) => reply,

@@ -29,7 +29,7 @@ impl Driver {
             return;
         }
         let driver = self.downgrade();
-        let stopping = self.inner.stopping.clone();
+        let stopping = self.inner.stopping.token().clone();
         // Read now, not when the task first runs: a sleep in between is one to notice.
         let mut last = clock::now();
         tokio::spawn(async move {
