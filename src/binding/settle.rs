@@ -25,8 +25,14 @@ use napi::sys;
 /// One JS thread's settler.
 struct Settler {
     /// The threadsafe function's address while its environment lives; `None` from the
-    /// moment Node finalizes it (environment teardown), so no task calls a freed one.
+    /// moment Node finalizes it (environment teardown), so no task calls a freed one: the
+    /// runtime's thread holds this lock while it calls it, and the finalizer waits for it.
     tsfn: Mutex<Option<usize>>,
+    /// The same address (0 once finalized) for the JS thread alone, which makes and
+    /// finalizes it and so needs no lock to read it. Read through the lock, each call's
+    /// check waited while the runtime's thread held it across a call of the threadsafe
+    /// function (a system call): 1.5 % of the JS thread at 64 in flight (issue 37).
+    tsfn_here: AtomicUsize,
     /// Settlements made on the runtime, not yet on the JS thread. The threadsafe function
     /// is called when this goes from empty to not; that call settles all it then holds, so
     /// Node's queue, handle scope and callback scope are paid per batch, not per promise
@@ -123,7 +129,8 @@ unsafe extern "C" fn settle_batch(
     });
     if left == 0 && settled > 0 {
         // Nothing pending on this thread: the settler must not keep Node alive.
-        if let Some(tsfn) = *lock(&settler.tsfn) {
+        let tsfn = settler.tsfn_here.load(Ordering::Relaxed);
+        if tsfn != 0 {
             unsafe {
                 sys::napi_unref_threadsafe_function(env, tsfn as sys::napi_threadsafe_function)
             };
@@ -133,6 +140,7 @@ unsafe extern "C" fn settle_batch(
 
 unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
     let handle = unsafe { Arc::from_raw(data as *const Settler) };
+    handle.tsfn_here.store(0, Ordering::Relaxed);
     *lock(&handle.tsfn) = None;
     lock(&handle.queue).clear();
 }
@@ -154,12 +162,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// This thread's settler, created on first use.
 fn settler(env: sys::napi_env) -> Result<Handle> {
     if let Some(handle) = SETTLER.with(|s| s.borrow().clone()) {
-        if lock(&handle.tsfn).is_some() {
+        if handle.tsfn_here.load(Ordering::Relaxed) != 0 {
             return Ok(handle);
         }
     }
-    let handle: Handle =
-        Arc::new(Settler { tsfn: Mutex::new(None), queue: Mutex::new(Vec::new()) });
+    let handle: Handle = Arc::new(Settler {
+        tsfn: Mutex::new(None),
+        tsfn_here: AtomicUsize::new(0),
+        queue: Mutex::new(Vec::new()),
+    });
     let context = Arc::as_ptr(&handle) as *mut c_void;
     let mut name = ptr::null_mut();
     let mut tsfn = ptr::null_mut();
@@ -202,6 +213,7 @@ fn settler(env: sys::napi_env) -> Result<Handle> {
         check(sys::napi_unref_threadsafe_function(env, tsfn))?;
     }
     *lock(&handle.tsfn) = Some(tsfn as usize);
+    handle.tsfn_here.store(tsfn as usize, Ordering::Relaxed);
     PENDING.with(|p| p.set(0));
     SETTLER.with(|s| *s.borrow_mut() = Some(handle.clone()));
     Ok(handle)
@@ -255,7 +267,8 @@ where
     // Counted only once the ref (for the first pending promise) took: a count left too high
     // would keep the settler ref'd, and Node alive, for good.
     if PENDING.with(|p| p.get()) == 0 {
-        if let Some(tsfn) = *lock(&handle.tsfn) {
+        let tsfn = handle.tsfn_here.load(Ordering::Relaxed);
+        if tsfn != 0 {
             unsafe {
                 check(sys::napi_ref_threadsafe_function(
                     raw_env,
