@@ -312,7 +312,7 @@ impl NativeDriver {
             ))
         });
         // Started here, on the JS thread, so acquires line up in call order.
-        // Boxed: the acquire future is about 1 KB, and unboxed it is copied on every move into the task.
+        // Boxed: the acquire future is about 2 KB, and unboxed it is copied on every move into the task.
         let acquiring = checked.map(|(key, wait_ms)| {
             Box::pin(driver.acquire_unless(&key, Some(wait_ms), cancel.map(|c| c.token.clone())))
         });
