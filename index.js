@@ -112,6 +112,7 @@ function watchedLeases(backend) {
 // The native side hands a lease over as `{ id, fence }`; its calls go to the backend by id.
 class Lease {
   #backend
+  #handle
   #id
   #key
   #fence
@@ -120,10 +121,11 @@ class Lease {
   // Made at the first read of `signal`, not before: a caller who never reads it pays nothing.
   #controller
   #timer
-  constructor(key, namespace, backend, nativeLease) {
+  constructor(key, namespace, backend, handle, nativeLease) {
     this.#key = key
     this.#namespace = namespace
     this.#backend = backend
+    this.#handle = handle
     this.#id = nativeLease.id
     // A getter, like `key`: read-only as the contract says, and ~0.2 µs less per acquire on
     // the JS thread than a non-writable own property (docs/decisions/0181).
@@ -200,7 +202,7 @@ class Lease {
     return channels.release.tracePromise(this.#release, { key: this.#key, namespace: this.#namespace, lease: this }, this)
   }
   async #release() {
-    const releasing = this.#backend.release(this.#id)
+    const releasing = native.release(this.#handle, this.#id)
     // Invalid from the call on: the signal aborts now, not when Redis answers.
     if (this.#controller !== undefined) this.#check()
     const released = await releasing
@@ -244,6 +246,9 @@ function createRedisLockDriver(connection, options, logger) {
   const created = native.createDriver(connection, options, logAdapter(logger), !isMainThread)
   if (!(created instanceof native.NativeDriver)) throw toLockError(created)
   const backend = created
+  // acquire and release take this handle rather than being methods of the backend: a
+  // method call costs napi-rs a lock and a map entry for its `this` (docs/decisions/0182).
+  const handle = backend.handle()
   // For tracing-channel contexts: read once from the driver, not parsed from the options again.
   const { namespace } = backend
 
@@ -253,7 +258,7 @@ function createRedisLockDriver(connection, options, logger) {
   }
 
   async function acquireLease(key, acquireOptions) {
-    if (acquireOptions === undefined) return leaseOf(key, await backend.acquire(key, undefined))
+    if (acquireOptions === undefined) return leaseOf(key, await native.acquire(handle, key, undefined))
     checkFields('acquire options', acquireOptions, ACQUIRE_OPTIONS)
     const { signal, waitTimeoutMs } = acquireOptions
     if (signal !== undefined && !(signal instanceof AbortSignal)) {
@@ -262,19 +267,19 @@ function createRedisLockDriver(connection, options, logger) {
     if (signal?.aborted) {
       throw new LockError(LockErrorCode.ABORTED, 'the acquire was aborted by its signal', { cause: signal.reason })
     }
-    if (signal === undefined) return leaseOf(key, await backend.acquire(key, waitTimeoutMs))
+    if (signal === undefined) return leaseOf(key, await native.acquire(handle, key, waitTimeoutMs))
     const cancel = new native.CancelToken()
     const onAbort = () => cancel.cancel()
     signal.addEventListener('abort', onAbort, { once: true })
     try {
-      return leaseOf(key, await backend.acquire(key, waitTimeoutMs, cancel), signal)
+      return leaseOf(key, await native.acquire(handle, key, waitTimeoutMs, cancel), signal)
     } finally {
       signal.removeEventListener('abort', onAbort)
     }
   }
 
   function leaseOf(key, result, signal) {
-    if (typeof result.fence === 'string') return new Lease(key, namespace, backend, result)
+    if (typeof result.fence === 'string') return new Lease(key, namespace, backend, handle, result)
     throw toLockError(result, signal)
   }
 

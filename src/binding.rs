@@ -290,53 +290,10 @@ fn key_units(key: &Unknown) -> Result<Option<Vec<u16>>> {
 
 #[napi]
 impl NativeDriver {
-    /// Resolves with a `NativeLease` or a `NativeError`; never rejects for lock outcomes.
-    #[napi(ts_return_type = "Promise<NativeLease | NativeError>")]
-    pub fn acquire<'env>(
-        &self,
-        env: &'env Env,
-        key: Unknown,
-        wait_timeout_ms: Unknown,
-        cancel: Option<&CancelToken>,
-    ) -> Result<PromiseRaw<'env, Either<NativeLease, NativeError>>> {
-        let driver = &self.driver;
-        let wait_timeout_ms = to_raw(&wait_timeout_ms, 0)?;
-        let checked = match key_units(&key)? {
-            None => Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must be a string")),
-            Some(units) => driver.validate_key(&units),
-        }
-        .and_then(|key| {
-            Ok((
-                key,
-                options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?,
-            ))
-        });
-        // Started here, on the JS thread, so acquires line up in call order.
-        // Boxed: the acquire future is about 2 KB, and unboxed it is copied on every move into the task.
-        let acquiring = checked.map(|(key, wait_ms)| {
-            Box::pin(driver.acquire_unless(&key, Some(wait_ms), cancel.map(|c| c.token.clone())))
-        });
-        let panic_now = test_panic("acquire");
-        settle::spawn(
-            env,
-            runtime(),
-            async move {
-                if panic_now {
-                    panic!("DOKEBI_LOCK_REDIS_TEST_PANIC: acquire");
-                }
-                let acquired = match acquiring {
-                    Ok(acquiring) => acquiring.await,
-                    Err(e) => Err(e),
-                };
-                match acquired {
-                    Ok(lease) => {
-                        Either::A(NativeLease { id: lease.id as i64, fence: lease.fence.clone() })
-                    }
-                    Err(e) => Either::B(e.into()),
-                }
-            },
-            || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)),
-        )
+    /// The handle `acquire` and `release` take (see [`acquire`]); index.js asks once per driver.
+    #[napi(ts_return_type = "ExternalObject<'NativeDriver'>")]
+    pub fn handle(&self) -> External<Driver> {
+        External::new(self.driver.clone())
     }
 
     /// Resolves with nothing, or a `NativeError` (CLEANUP_TIMEOUT / CLEANUP_FAILED).
@@ -376,6 +333,57 @@ impl NativeDriver {
                 .collect(),
         }
     }
+}
+
+/// The hot calls are free functions on a driver handle, not methods of `NativeDriver`: napi-rs
+/// registers every method call's `&self` in a process-wide map behind a mutex and removes it
+/// after, about 1,200 instructions per call, where an External argument is only
+/// type-checked (docs/decisions/0182).
+///
+/// Resolves with a `NativeLease` or a `NativeError`; never rejects for lock outcomes.
+#[napi(ts_return_type = "Promise<NativeLease | NativeError>")]
+pub fn acquire<'env>(
+    env: &'env Env,
+    #[napi(ts_arg_type = "ExternalObject<'NativeDriver'>")] driver: &External<Driver>,
+    key: Unknown,
+    wait_timeout_ms: Unknown,
+    cancel: Option<&CancelToken>,
+) -> Result<PromiseRaw<'env, Either<NativeLease, NativeError>>> {
+    let driver: &Driver = driver;
+    let wait_timeout_ms = to_raw(&wait_timeout_ms, 0)?;
+    let checked = match key_units(&key)? {
+        None => Err(LockError::new(LockErrorCode::InvalidKey, "the lock key must be a string")),
+        Some(units) => driver.validate_key(&units),
+    }
+    .and_then(|key| {
+        Ok((key, options::parse_wait_timeout(&wait_timeout_ms, driver.options().wait_timeout_ms)?))
+    });
+    // Started here, on the JS thread, so acquires line up in call order.
+    // Boxed: the acquire future is about 2 KB, and unboxed it is copied on every move into the task.
+    let acquiring = checked.map(|(key, wait_ms)| {
+        Box::pin(driver.acquire_unless(&key, Some(wait_ms), cancel.map(|c| c.token.clone())))
+    });
+    let panic_now = test_panic("acquire");
+    settle::spawn(
+        env,
+        runtime(),
+        async move {
+            if panic_now {
+                panic!("DOKEBI_LOCK_REDIS_TEST_PANIC: acquire");
+            }
+            let acquired = match acquiring {
+                Ok(acquiring) => acquiring.await,
+                Err(e) => Err(e),
+            };
+            match acquired {
+                Ok(lease) => {
+                    Either::A(NativeLease { id: lease.id as i64, fence: lease.fence.clone() })
+                }
+                Err(e) => Either::B(e.into()),
+            }
+        },
+        || Either::B(internal_error("acquire", LockErrorCode::OutcomeUnknown)),
+    )
 }
 
 /// `driver.stats()`.
@@ -480,36 +488,6 @@ impl NativeDriver {
         })
     }
 
-    #[napi(ts_return_type = "Promise<boolean | NativeError>")]
-    pub fn release<'env>(
-        &self,
-        env: &'env Env,
-        id: i64,
-    ) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
-        // Invalid the moment release() is called, before the future runs. The release and
-        // its promise's settling share one tracked task (shutdown waits for it); a lease
-        // no longer tracked was released already: false, asking Redis nothing.
-        let driver = &self.driver;
-        let releasing = driver.lease(id as u64).and_then(|lease| driver.releasing(&lease));
-        let (promise, task) = settle::settled_by(
-            env,
-            runtime(),
-            async move {
-                let released = match releasing {
-                    Some(releasing) => releasing.await,
-                    None => Ok(false),
-                };
-                match released {
-                    Ok(released) => Either::A(released),
-                    Err(e) => Either::B(e.into()),
-                }
-            },
-            || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)),
-        )?;
-        dispatch::run(driver.tracked(task), runtime());
-        Ok(promise)
-    }
-
     #[napi(ts_return_type = "Promise<NativeError | null>")]
     pub fn renew<'env>(
         &self,
@@ -524,4 +502,35 @@ impl NativeDriver {
             || Some(internal_error("renew", LockErrorCode::OutcomeUnknown)),
         )
     }
+}
+
+/// Releases the lease `id` (see [`acquire`] for why this is not a method).
+#[napi(ts_return_type = "Promise<boolean | NativeError>")]
+pub fn release<'env>(
+    env: &'env Env,
+    #[napi(ts_arg_type = "ExternalObject<'NativeDriver'>")] driver: &External<Driver>,
+    id: i64,
+) -> Result<PromiseRaw<'env, Either<bool, NativeError>>> {
+    // Invalid the moment release() is called, before the future runs. The release and
+    // its promise's settling share one tracked task (shutdown waits for it); a lease
+    // no longer tracked was released already: false, asking Redis nothing.
+    let driver: &Driver = driver;
+    let releasing = driver.lease(id as u64).and_then(|lease| driver.releasing(&lease));
+    let (promise, task) = settle::settled_by(
+        env,
+        runtime(),
+        async move {
+            let released = match releasing {
+                Some(releasing) => releasing.await,
+                None => Ok(false),
+            };
+            match released {
+                Ok(released) => Either::A(released),
+                Err(e) => Either::B(e.into()),
+            }
+        },
+        || Either::B(internal_error("release", LockErrorCode::OutcomeUnknown)),
+    )?;
+    dispatch::run(driver.tracked(task), runtime());
+    Ok(promise)
 }
