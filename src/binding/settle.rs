@@ -87,6 +87,10 @@ async fn stay_awake(spin: Duration) {
         if done {
             break;
         }
+        // The kernel tends to wake the JS thread on the CPU of the thread that woke it, this
+        // one: without giving that CPU up at each turn, the JS thread would wait for the
+        // spin to end, up to 2 ms (docs/decisions/0183).
+        std::thread::yield_now();
         tokio::task::yield_now().await;
     }
     AWAKE.store(false, Ordering::Release);
