@@ -4,6 +4,7 @@
 //! The crate's surface is what is re-exported here: a [`Driver`] built from validated
 //! options ([`parse_connection`], [`parse_backend`]), its [`Lease`]s, and [`LockError`].
 
+mod awake;
 mod backoff;
 mod clock;
 mod connection;

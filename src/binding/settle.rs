@@ -68,15 +68,40 @@ const STAY_AWAKE_MAX_DUE: usize = 2;
 /// Whether a [`stay_awake`] task runs now (one at a time).
 static AWAKE: AtomicBool = AtomicBool::new(false);
 
+/// Replies due now: pending promises less the acquires that wait (for their turn, or
+/// between attempts) and so expect none (docs/decisions/0184).
+fn due() -> usize {
+    DUE.load(Ordering::Relaxed).saturating_sub(crate::awake::waiting())
+}
+
+/// Starts the spin if it may run now. `pending` is [`due`] as the caller saw it.
+fn spin_if_few_due(runtime: &tokio::runtime::Handle, pending: usize) {
+    if pending <= STAY_AWAKE_MAX_DUE
+        && !stay_awake_for().is_zero()
+        && !AWAKE.swap(true, Ordering::AcqRel)
+    {
+        runtime.spawn(stay_awake(stay_awake_for()));
+    }
+}
+
+/// A waiting acquire is about to make an attempt (`crate::awake`): its reply, on its way
+/// soon, should find the thread awake as a call's does. Runs on the runtime.
+fn spin_for_attempt() {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        spin_if_few_due(&runtime, due());
+    }
+}
+
 /// Yields in a loop, so every turn polls the I/O driver without blocking: a reply, or a
 /// call spawned from JS, finds the thread awake. Ends `spin` after the last reply, at once
-/// when many are due, and after `20 × spin` of one reply that does not come (a waiter).
+/// when many are due, and after `20 × spin` of one reply that does not come (a slow server).
+/// Waiting acquires expect no reply and do not count ([`due`]).
 async fn stay_awake(spin: Duration) {
     let started = Instant::now();
     let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        let done = match DUE.load(Ordering::Relaxed) {
+        let done = match due() {
             0 => now >= *idle_since.get_or_insert(now) + spin,
             due if due > STAY_AWAKE_MAX_DUE => true,
             _ => {
@@ -219,6 +244,7 @@ fn settler(env: sys::napi_env) -> Result<Handle> {
     *lock(&handle.tsfn) = Some(tsfn as usize);
     handle.tsfn_here.store(tsfn as usize, Ordering::Relaxed);
     PENDING.with(|p| p.set(0));
+    crate::awake::on_attempt(spin_for_attempt);
     SETTLER.with(|s| *s.borrow_mut() = Some(handle.clone()));
     Ok(handle)
 }
@@ -284,12 +310,7 @@ where
     PENDING.with(|p| p.set(p.get() + 1));
     let deferred = deferred as usize;
     let due = DUE.fetch_add(1, Ordering::Relaxed) + 1;
-    if due <= STAY_AWAKE_MAX_DUE
-        && !stay_awake_for().is_zero()
-        && !AWAKE.swap(true, Ordering::AcqRel)
-    {
-        runtime.spawn(stay_awake(stay_awake_for()));
-    }
+    spin_if_few_due(runtime, due.saturating_sub(crate::awake::waiting()));
     let task = async move {
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
             match AssertUnwindSafe(future).catch_unwind().await {

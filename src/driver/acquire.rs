@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::attempt::Attempt;
 use super::{internal_error, too_many_leases, Driver};
+use crate::awake::Waiting;
 use crate::error::{LockError, LockErrorCode, RedisFailure};
 use crate::keys::KeyNames;
 use crate::lease::Lease;
@@ -107,11 +108,20 @@ impl Driver {
 
         let my_turn = self
             .unless_stopped(&cancel, async {
-                tokio::select! {
-                    biased;
-                    _ = place.turn() => true,
-                    _ = tokio::time::sleep_until(deadline.into()) => false,
+                let mut turn = std::pin::pin!(place.turn());
+                if futures::poll!(turn.as_mut()).is_ready() {
+                    return true;
                 }
+                let waiting = Waiting::begin();
+                let my_turn = tokio::select! {
+                    biased;
+                    _ = turn => true,
+                    _ = tokio::time::sleep_until(deadline.into()) => false,
+                };
+                if my_turn {
+                    waiting.attempt();
+                }
+                my_turn
             })
             .await?;
         if !my_turn {
@@ -266,8 +276,21 @@ impl Driver {
         }
     }
 
-    /// Sleeps up to `delay`, or until a release of the key is announced.
+    /// Waits before the next attempt, counted as waiting meanwhile (`crate::awake`).
     async fn pause(
+        &self,
+        place: &Place,
+        delay: Duration,
+        cancel: &Signal,
+    ) -> Result<(), LockError> {
+        let waiting = Waiting::begin();
+        self.sleep_until_woken(place, delay, cancel).await?;
+        waiting.attempt();
+        Ok(())
+    }
+
+    /// Sleeps up to `delay`, or until a release of the key is announced.
+    async fn sleep_until_woken(
         &self,
         place: &Place,
         delay: Duration,
