@@ -13,47 +13,26 @@
 // ages once a second (the release script's reply is 1 + NUMSUB), and one second of MONITOR
 // counted by command. Prints one JSON object per mode.
 
-import { fork } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import net from 'node:net';
-import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { childProcesses, commandStats, here, parseOptions, percentile, round, runMain } from './lib.mjs';
+import { childProcesses, commandStats, contentionWorkers, monitorLines, nextMessage, parseOptions, percentile, round, runMain } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
 const children = childProcesses();
-
-function message(child, type) {
-  return new Promise((resolve, reject) => {
-    child.on('message', (m) => {
-      if (m?.type === 'error') reject(new Error(`worker failed: ${m.message}`));
-      else if (m?.type === type) resolve(m);
-    });
-    child.once('exit', (code) => reject(new Error(`worker exited (${code}) before ${type}`)));
-  });
-}
 
 /** Commands seen by MONITOR for `ms`, by name (`lua:` for those run inside scripts). */
 function monitor(port, ms) {
   return new Promise((resolve) => {
     const counts = {};
-    const s = net.connect(port, '127.0.0.1', () => s.write('MONITOR\r\n'));
-    let buf = '';
-    s.on('data', (d) => {
-      buf += d;
-      let i;
-      while ((i = buf.indexOf('\r\n')) >= 0) {
-        const m = /\[\d+ (lua|[^\]]+)\] "([^"]+)"/.exec(buf.slice(0, i));
-        buf = buf.slice(i + 2);
-        if (m) {
-          const k = (m[1] === 'lua' ? 'lua:' : '') + m[2].toUpperCase();
-          counts[k] = (counts[k] ?? 0) + 1;
-        }
+    const lines = monitorLines(port, (line) => {
+      const m = /\[\d+ (lua|[^\]]+)\] "([^"]+)"/.exec(line);
+      if (m) {
+        const k = (m[1] === 'lua' ? 'lua:' : '') + m[2].toUpperCase();
+        counts[k] = (counts[k] ?? 0) + 1;
       }
     });
-    s.on('error', () => {});
-    setTimeout(() => { s.destroy(); resolve(counts); }, ms);
+    setTimeout(() => { lines.stop(); resolve(counts); }, ms);
   });
 }
 
@@ -64,19 +43,11 @@ async function probe(mode, shape, seconds) {
     const key = 'contention:probe';
     const hash = createHash('sha256').update(key).digest('hex');
     const channel = mode === 'namespace' ? 'bench:lock-released' : `bench:lock-released:{${hash}}`;
-    const env = { ...process.env };
-    delete env.REDIS_URL;
-    const procs = Array.from({ length: shape.processes }, () => children.add(fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
-    const ready = procs.map((c) => message(c, 'ready'));
-    procs.forEach((c, proc) => c.send({
-      type: 'init', library: 'dokebi', peer: {}, notifications: mode === 'namespace' ? undefined : mode, url: server.url, key, proc,
-      waiters: shape.waiters, holdMs: 2, holdMode: 'atomics', leaseMs: 10_000, waitMs: 30_000,
-    }));
-    await Promise.all(ready);
+    const procs = await contentionWorkers(children, { ...shape, mode, url: server.url, key });
     await server.command('CONFIG', 'RESETSTAT');
     const startAt = now() + 150;
     const endAt = startAt + seconds * 1000;
-    const results = procs.map((c) => message(c, 'result'));
+    const results = procs.map((c) => nextMessage(c, 'result', seconds * 1000 + 60_000));
     for (const c of procs) c.send({ type: 'go', startAt, endAt });
     const samples = [];
     let monitored = null;

@@ -15,43 +15,22 @@
 //   settle:  the acquire script ran → the acquire resolves in the winner's JS.
 // MONITOR slows Redis a little; compare modes and builds within one run.
 
-import { fork } from 'node:child_process';
-import net from 'node:net';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { childProcesses, here, parseOptions, percentile, round, runMain } from './lib.mjs';
+import { childProcesses, contentionWorkers, here, monitorLines, nextMessage, parseOptions, percentile, round, runMain } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
 const children = childProcesses();
 
-function message(child, type) {
-  return new Promise((resolve, reject) => {
-    child.on('message', (m) => {
-      if (m?.type === 'error') reject(new Error(`worker failed: ${m.message}`));
-      else if (m?.type === type) resolve(m);
-    });
-    child.once('exit', (code) => reject(new Error(`worker exited (${code}) before ${type}`)));
-  });
-}
-
 /** MONITOR's EVALSHA lines until `stop()`: [server time ms, sha]. */
 function monitor(port) {
   const seen = [];
-  const s = net.connect(port, '127.0.0.1', () => s.write('MONITOR\r\n'));
-  let buf = '';
-  s.on('data', (d) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf('\r\n')) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const m = /^\+(\d+\.\d+) \[\d+ [^\]]+\] "evalsha" "([0-9a-f]{40})"/i.exec(line);
-      if (m) seen.push([Number(m[1]) * 1000, m[2]]);
-    }
+  const lines = monitorLines(port, (line) => {
+    const m = /^\+(\d+\.\d+) \[\d+ [^\]]+\] "evalsha" "([0-9a-f]{40})"/i.exec(line);
+    if (m) seen.push([Number(m[1]) * 1000, m[2]]);
   });
-  s.on('error', () => {});
-  return { stop: () => { s.destroy(); return seen; } };
+  return { stop: () => { lines.stop(); return seen; } };
 }
 
 const stats = (xs) => {
@@ -64,18 +43,10 @@ async function probe(mode, shape, seconds, scripts) {
   const server = await startRedis();
   try {
     const key = 'contention:stages';
-    const env = { ...process.env };
-    delete env.REDIS_URL;
-    const procs = Array.from({ length: shape.processes }, () => children.add(fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
-    const ready = procs.map((c) => message(c, 'ready'));
-    procs.forEach((c, proc) => c.send({
-      type: 'init', library: 'dokebi', peer: {}, notifications: mode === 'namespace' ? undefined : mode, url: server.url, key, proc,
-      waiters: shape.waiters, holdMs: 2, holdMode: 'atomics', leaseMs: 10_000, waitMs: 30_000,
-    }));
-    await Promise.all(ready);
+    const procs = await contentionWorkers(children, { ...shape, mode, url: server.url, key });
     const startAt = now() + 150;
     const endAt = startAt + seconds * 1000;
-    const results = procs.map((c) => message(c, 'result'));
+    const results = procs.map((c) => nextMessage(c, 'result', seconds * 1000 + 60_000));
     const mon = monitor(server.port);
     for (const c of procs) c.send({ type: 'go', startAt, endAt });
     await sleep(Math.max(0, endAt - now()));

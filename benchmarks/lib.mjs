@@ -1,9 +1,10 @@
 // Helpers shared by the benchmarks (lock-contention, throughput and their workers):
 // statistics, machine and version facts, CPU accounting from /proc.
 
-import { execFileSync } from 'node:child_process';
+import { execFileSync, fork } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -351,6 +352,41 @@ export function targetsSection(verdicts) {
 export const verdictLine = (v) => `${v.result.padEnd(4)}  ${v.target}: ${v.detail}`;
 
 /** The next IPC message of `type` from a worker process; rejects on an `error` message, its exit, or after `timeoutMs`. */
+/**
+ * `processes` lock-contention workers of this driver (lock-contention.worker.mjs) on one key of
+ * the server at `url`, `waiters` each, every holder keeping the key 2 ms; resolves with them
+ * once all are ready. `mode`: 'namespace' (the default notifications) or 'per-key'.
+ */
+export async function contentionWorkers(children, { processes, waiters, mode, url, key }) {
+  const env = { ...process.env };
+  delete env.REDIS_URL;
+  const procs = Array.from({ length: processes }, () => children.add(fork(path.join(here, 'lock-contention.worker.mjs'), [], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
+  const ready = procs.map((c) => nextMessage(c, 'ready', 60_000));
+  procs.forEach((c, proc) => c.send({
+    type: 'init', library: 'dokebi', peer: {}, notifications: mode === 'namespace' ? undefined : mode, url, key, proc,
+    waiters, holdMs: 2, holdMode: 'atomics', leaseMs: 10_000, waitMs: 30_000,
+  }));
+  await Promise.all(ready);
+  return procs;
+}
+
+/** Calls `onLine` with each line MONITOR prints on the server at `port` until `stop()`. */
+export function monitorLines(port, onLine) {
+  const s = net.connect(port, '127.0.0.1', () => s.write('MONITOR\r\n'));
+  let buf = '';
+  s.on('data', (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf('\r\n')) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      onLine(line);
+    }
+  });
+  s.on('error', () => {});
+  return { stop: () => s.destroy() };
+}
+
 export function nextMessage(child, type, timeoutMs) {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
