@@ -16,7 +16,7 @@
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { childProcesses, commandStats, contentionWorkers, monitorLines, nextMessage, parseOptions, percentile, round, runMain } from './lib.mjs';
+import { childProcesses, commandStats, contentionWorkers, monitorLines, nextMessage, parseOptions, parseShape, percentile, round, runMain } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
 const children = childProcesses();
@@ -101,13 +101,12 @@ async function main() {
     seconds: { type: 'string', default: '6' },
     help: { type: 'boolean', short: 'h' },
   }, { help() { console.log('node benchmarks/contention-probe.mjs [--modes namespace,per-key] [--shape 4x8] [--seconds 6]'); process.exit(0); } });
-  const [processes, waiters] = v.shape.split('x').map(Number);
-  if (!(Number.isInteger(processes) && processes >= 2 && Number.isInteger(waiters) && waiters >= 1)) throw new Error('--shape: <processes>x<waiters>');
+  const shape = parseShape(v.shape, '--shape');
   const seconds = Number(v.seconds);
   if (!(Number.isInteger(seconds) && seconds >= 3)) throw new Error('--seconds: an integer >= 3');
   for (const mode of v.modes.split(',').map((m) => m.trim()).filter(Boolean)) {
     if (!['namespace', 'per-key'].includes(mode)) throw new Error('--modes: namespace and/or per-key');
-    console.log(JSON.stringify(await probe(mode, { processes, waiters }, seconds), null, 2));
+    console.log(JSON.stringify(await probe(mode, shape, seconds), null, 2));
   }
 }
 

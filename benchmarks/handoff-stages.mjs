@@ -18,7 +18,7 @@
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { childProcesses, contentionWorkers, here, monitorLines, nextMessage, parseOptions, percentile, round, runMain } from './lib.mjs';
+import { childProcesses, contentionWorkers, here, monitorLines, nextMessage, parseOptions, parseShape, percentile, round, runMain } from './lib.mjs';
 
 const now = () => performance.timeOrigin + performance.now();
 const children = childProcesses();
@@ -90,13 +90,13 @@ async function main() {
     shape: { type: 'string', default: '4x8' },
     seconds: { type: 'string', default: '4' },
   });
-  const [processes, waiters] = v.shape.split('x').map(Number);
+  const shape = parseShape(v.shape, '--shape');
   const { createHash } = await import('node:crypto');
   const { readFileSync } = await import('node:fs');
   const sha = (f) => createHash('sha1').update(readFileSync(path.join(here, '..', 'src', 'scripts', f))).digest('hex');
   const scripts = { acquire: sha('acquire.lua'), release: sha('release.lua') };
   for (const mode of v.modes.split(',')) {
-    const out = await probe(mode, { processes, waiters }, Number(v.seconds), { ...scripts, release: mode === 'namespace' ? scripts.release : sha('release_keyed.lua') });
+    const out = await probe(mode, shape, Number(v.seconds), { ...scripts, release: mode === 'namespace' ? scripts.release : sha('release_keyed.lua') });
     console.log(JSON.stringify(out));
   }
 }

@@ -352,6 +352,26 @@ export function targetsSection(verdicts) {
 export const verdictLine = (v) => `${v.result.padEnd(4)}  ${v.target}: ${v.detail}`;
 
 /** The next IPC message of `type` from a worker process; rejects on an `error` message, its exit, or after `timeoutMs`. */
+export function nextMessage(child, type, timeoutMs) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
+    const onMessage = (m) => {
+      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); } else if (m?.type === type) { cleanup(); resolve(m); }
+    };
+    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
+    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
+    child.on('message', onMessage);
+    child.on('exit', onExit);
+  });
+}
+
+/** A contention shape, `<processes>x<waiters>` (all on one key), from the command line's `option`. */
+export function parseShape(name, option) {
+  const [processes, waiters] = name.split('x').map(Number);
+  if (!(Number.isInteger(processes) && processes >= 2 && Number.isInteger(waiters) && waiters >= 1)) throw new Error(`${option}: ${name} is not <processes>x<waiters>`);
+  return { name, processes, waiters };
+}
+
 /**
  * `processes` lock-contention workers of this driver (lock-contention.worker.mjs) on one key of
  * the server at `url`, `waiters` each, every holder keeping the key 2 ms; resolves with them
@@ -385,17 +405,4 @@ export function monitorLines(port, onLine) {
   });
   s.on('error', () => {});
   return { stop: () => s.destroy() };
-}
-
-export function nextMessage(child, type, timeoutMs) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { cleanup(); reject(new Error(`worker did not send ${type} within ${timeoutMs} ms`)); }, timeoutMs);
-    const onMessage = (m) => {
-      if (m?.type === 'error') { cleanup(); reject(new Error(`worker failed: ${m.message}`)); } else if (m?.type === type) { cleanup(); resolve(m); }
-    };
-    const onExit = (code, signal) => { cleanup(); reject(new Error(`worker exited (${code ?? signal}) before ${type}`)); };
-    const cleanup = () => { clearTimeout(timer); child.off('message', onMessage); child.off('exit', onExit); };
-    child.on('message', onMessage);
-    child.on('exit', onExit);
-  });
 }

@@ -32,7 +32,7 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
-  addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, parseOptions, processBusy, root, round,
+  addonInfo, childProcesses, commandStats, gitInfo, here, machineBusy, median, parseInfo, percentile, pkgVersion, parseOptions, parseShape, processBusy, root, round,
   runMain,
   nextMessage,
 } from './lib.mjs';
@@ -74,11 +74,7 @@ function parseArgs(argv) {
   };
   if (v.resume) opts.resume = true;
   // processes × waiters per process, all on one key.
-  opts.shapes = v.shapes.split(',').map((x) => x.trim()).filter(Boolean).map((name) => {
-    const [processes, waiters] = name.split('x').map(Number);
-    if (!(Number.isInteger(processes) && processes >= 2 && Number.isInteger(waiters) && waiters >= 1)) throw new Error(`--shapes: ${name} is not <processes>x<waiters>`);
-    return { name, processes, waiters };
-  });
+  opts.shapes = v.shapes.split(',').map((x) => x.trim()).filter(Boolean).map((name) => parseShape(name, '--shapes'));
   // A/B in one run: extra dokebi configurations `dokebi-<name>` with environment variables,
   // e.g. --variants 'hs0:DOKEBI_LOCK_REDIS_HEAD_START_US=0;hs600:DOKEBI_LOCK_REDIS_HEAD_START_US=600'.
   opts.variants = (v.variants ?? '').split(';').map((x) => x.trim()).filter(Boolean).map((spec) => {
