@@ -74,9 +74,9 @@ fn due() -> usize {
     DUE.load(Ordering::Relaxed).saturating_sub(crate::awake::waiting())
 }
 
-/// Starts the spin if it may run now. `pending` is [`due`] as the caller saw it.
-fn spin_if_few_due(runtime: &tokio::runtime::Handle, pending: usize) {
-    if pending <= STAY_AWAKE_MAX_DUE
+/// Starts the spin if few replies are due now and it does not run yet.
+fn spin_if_few_due(runtime: &tokio::runtime::Handle) {
+    if due() <= STAY_AWAKE_MAX_DUE
         && !stay_awake_for().is_zero()
         && !AWAKE.swap(true, Ordering::AcqRel)
     {
@@ -88,7 +88,7 @@ fn spin_if_few_due(runtime: &tokio::runtime::Handle, pending: usize) {
 /// soon, should find the thread awake as a call's does. Runs on the runtime.
 fn spin_for_attempt() {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        spin_if_few_due(&runtime, due());
+        spin_if_few_due(&runtime);
     }
 }
 
@@ -309,8 +309,8 @@ where
     }
     PENDING.with(|p| p.set(p.get() + 1));
     let deferred = deferred as usize;
-    let due = DUE.fetch_add(1, Ordering::Relaxed) + 1;
-    spin_if_few_due(runtime, due.saturating_sub(crate::awake::waiting()));
+    DUE.fetch_add(1, Ordering::Relaxed);
+    spin_if_few_due(runtime);
     let task = async move {
         let value: Box<dyn FnOnce(sys::napi_env) -> Result<sys::napi_value> + Send> =
             match AssertUnwindSafe(future).catch_unwind().await {
