@@ -14,22 +14,43 @@ import { external } from './helpers/redis.mjs';
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const mutantBuild = path.join(root, 'target', 'chaos-mutants', 'lock-redis.linux-x64-gnu.node');
 
-function chaos(args) {
+// A run that outlives `limitMs` is killed and reported with its last log lines, which name
+// the phase it hung in: the test fails instead of holding the whole suite until CI's own limit.
+// The run has a process group of its own, killed whole once it ends: a client process left
+// behind (one stopped by the nemesis when the run died) would keep the pipes below open and,
+// with them, this test process alive.
+function chaos(args, limitMs) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'dokebi-chaos-test-'));
   const out = path.join(dir, 'summary.json');
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['benchmarks/chaos/run.mjs', ...args, '--out', out], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    // --stuck-after: the run reports where it is stuck (exit code 3) before the kill below.
+    const stuckAfter = String(Math.floor(limitMs / 1000) - 10);
+    const child = spawn(process.execPath, ['benchmarks/chaos/run.mjs', ...args, '--stuck-after', stuckAfter, '--out', out], {
+      cwd: root, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
+    });
+    const killGroup = () => { try { process.kill(-child.pid, 'SIGKILL'); } catch { /* all gone */ } };
     let stdout = '';
     let stderr = '';
+    let timedOut = false;
+    const limit = setTimeout(() => { timedOut = true; killGroup(); }, limitMs);
     child.stdout.on('data', (c) => { stdout += c; });
     child.stderr.on('data', (c) => { stderr += c; });
-    child.on('error', reject);
+    child.on('error', (err) => { clearTimeout(limit); reject(err); });
     child.on('exit', (code) => {
+      clearTimeout(limit);
+      killGroup();
+      child.stdout.destroy();
+      child.stderr.destroy();
       const summary = existsSync(out) ? JSON.parse(readFileSync(out, 'utf8')) : null;
       rmSync(dir, { recursive: true, force: true });
-      resolve({ code, stdout, stderr, summary });
+      resolve({ code, stdout, stderr, summary, timedOut });
     });
   });
+}
+
+// The run ended by itself, within its limit, and did not report itself stuck (exit code 3).
+function assertFinished(run, limitMs) {
+  assert.ok(!run.timedOut && run.code !== 3, `the run was stuck${run.timedOut ? ` and killed after ${limitMs / 1000} s` : ''}; its last lines:\n${run.stderr.slice(-3000)}\n${run.stdout.slice(-1000)}`);
 }
 
 const totalFaults = (s) => Object.values(s.faultsByKind).reduce((a, b) => a + b, 0);
@@ -44,7 +65,8 @@ function assertSignalHolders(s) {
 }
 
 test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut, stalled and silently dropped connections, killed clients) holds every invariant', { skip: external, timeout: 120_000 }, async () => {
-  const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone']);
+  const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone'], 110_000);
+  assertFinished(run, 110_000);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -57,7 +79,8 @@ test('a short seeded standalone chaos run (server killed and restarted, stops, O
 });
 
 test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed and stopped primaries, lagging replicas) holds every invariant', { skip: external, timeout: 150_000 }, async () => {
-  const run = await chaos(['--seconds', '40', '--seed', '16002', '--mode', 'sentinel', '--min-replicas', '1']);
+  const run = await chaos(['--seconds', '40', '--seed', '16002', '--mode', 'sentinel', '--min-replicas', '1'], 140_000);
+  assertFinished(run, 140_000);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -68,7 +91,8 @@ test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed an
 
 test('a short seeded Cluster chaos run, both notification modes (masters killed and rejoining, forced and graceful failovers, a stopped master, a lock key\'s slot migrated) holds every invariant', { skip: external, timeout: 180_000 }, async () => {
   // mixed: even processes `namespace`, odd ones `per-key`, so one run covers both.
-  const run = await chaos(['--seconds', '45', '--seed', '23001', '--mode', 'cluster', '--notifications', 'mixed']);
+  const run = await chaos(['--seconds', '45', '--seed', '23001', '--mode', 'cluster', '--notifications', 'mixed'], 170_000);
+  assertFinished(run, 170_000);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -84,7 +108,8 @@ test('the checker catches a driver whose release skips the owner check (mutant b
   // mutant is caught within seconds (a stale holder's release deletes the next holder's key
   // after its first overrunning lease), however slowly a busy machine gets there; the
   // verdict is the whole history's, as in any run.
-  const run = await chaos(['--seconds', '60', '--seed', '16003', '--mode', 'standalone', '--mutant', 'release-without-owner-check', '--stop-at-violation']);
+  const run = await chaos(['--seconds', '60', '--seed', '16003', '--mode', 'standalone', '--mutant', 'release-without-owner-check', '--stop-at-violation'], 140_000);
+  assertFinished(run, 140_000);
   const s = run.summary;
   const seen = s && `granted ${s.acquisitions.granted} leases, faults ended early: ${JSON.stringify(s.stoppedAtViolation)}, `
     + `overlaps excused as wall-clock drift: ${s.overlapsWithinClockDrift} (allowance ${s.setup.clockDriftMs} ms), `

@@ -206,8 +206,9 @@ export async function startRedisCluster({ front } = {}) {
     nodes.push(node);
   }
   // Not execFileSync: redis-cli and the replicas reach the nodes at their announced addresses,
-  // through the front proxies, which run on this process's event loop.
-  await promisify(execFile)('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `${HOST}:${n.port}`), '--cluster-replicas', '1', '--cluster-yes']);
+  // through the front proxies, which run on this process's event loop. Bounded: redis-cli
+  // waits for the nodes to join with no limit of its own.
+  await promisify(execFile)('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `${HOST}:${n.port}`), '--cluster-replicas', '1', '--cluster-yes'], { timeout: 60_000, killSignal: 'SIGKILL' });
   // A node by its own port or the one it announces (its front proxy's).
   const byPort = (port) => nodes.find((n) => n.port === port || n.front?.port === port);
   // The masters as the first node that answers sees them (with their slots and node ids).

@@ -401,6 +401,10 @@ export function createNemesis({ cluster, proxies, fronts = [], clients, record, 
   }
 
   return {
+    /** What is still going on, for a run that overstays (run.mjs's watchdog). */
+    describe() {
+      return `faults active: ${[...active.values()].map((a) => a.kind).join(', ') || 'none'}; pending tasks: ${pending.size}; topology busy: ${topologyBusy}`;
+    },
     /** Injects faults until `untilAt` (ms, CLOCK_MONOTONIC). */
     /** Injects faults until `untilAt`, or until `stopped()` says the run has seen enough. */
     async run(untilAt, stopped = () => false) {

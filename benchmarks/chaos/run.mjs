@@ -30,6 +30,8 @@ const usage = () => {
        [--notifications namespace|per-key|mixed] (mixed: even processes namespace, odd ones per-key)
        [--procs 4] [--workers 4] [--keys 3] [--lease-ms 800] [--wait-ms 2000] [--quiet-seconds 4] [--ping-ms 500]
        [--mutant ${MUTANTS.join('|')}] [--out summary.json] [--history history.jsonl]
+       [--stuck-after S] (a run with no verdict S s after its start says where it is stuck and exits 3;
+       default: its seconds plus the quiet ones plus 180)
        [--stop-at-violation] (the faults end at the first safety violation the history shows, judged
        as it grows; healing, the quiet seconds and the verdict over the whole history follow as always)
        [--probe ioredis] (sentinel only: a plain ioredis client writes every 50 ms beside the drivers;
@@ -50,6 +52,7 @@ const o = parseOptions(process.argv.slice(2), {
   'wait-ms': { type: 'string', default: '2000' },
   'quiet-seconds': { type: 'string', default: '4' },
   'ping-ms': { type: 'string', default: '500' },
+  'stuck-after': { type: 'string' },
   mutant: { type: 'string' },
   probe: { type: 'string' },
   'stop-at-violation': { type: 'boolean' },
@@ -86,6 +89,7 @@ const run = {
   // commandTimeoutMs once quiet (CONTRACT.md "Connection liveness"); the default 30 s would
   // outlast most of a run.
   pingIntervalMs: int('ping-ms', 0),
+  stuckAfterSeconds: o['stuck-after'] === undefined ? null : int('stuck-after', 1),
   // Decision 0056: how long after the first Sentinel's announcement an acquire may still
   // start on the old primary (delivery of the message and the event loops of two processes).
   switchToleranceMs: 250,
@@ -110,7 +114,28 @@ const record = (ev) => history.push(ev);
 const t0 = now();
 // The run's origin: the summary's gap times (checker `gaps`) count from here, as the printout does.
 record({ k: 'run-start', at: t0 });
-const log = (msg) => process.stderr.write(`[chaos +${((now() - t0) / 1000).toFixed(1)}s] ${msg}\n`);
+let phase = 'starting';
+const log = (msg) => {
+  phase = msg;
+  process.stderr.write(`[chaos +${((now() - t0) / 1000).toFixed(1)}s] ${msg}\n`);
+};
+
+// A run that overstays its length by far is stuck: it says where and ends with exit code 3
+// (its servers and clients die with it) rather than hold a test suite until CI's limit.
+// The bound is far past the slowest healthy run (a failover's recovery, healing, stopping).
+// (nemesis and clients do not exist yet while the servers start.)
+const state = () => {
+  try {
+    return `${nemesis.describe()}; clients alive: ${clients.filter((c) => c.child).length} of ${run.procs}`;
+  } catch {
+    return 'no clients yet';
+  }
+};
+const watchdog = setTimeout(() => {
+  process.stderr.write(`[chaos] STUCK ${(now() - t0) / 1000 | 0} s after the start; last phase: ${phase}; ${state()}\n`);
+  process.exit(3);
+}, (run.stuckAfterSeconds ?? run.seconds + run.quietSeconds + 180) * 1000);
+watchdog.unref();
 
 // ------------------------------------------------------------------ servers ----
 log(`seed ${seed}, mode ${mode}, minReplicas ${minReplicas}${run.mutant ? `, MUTANT ${run.mutant}` : ''}, ${run.seconds} s`);
@@ -279,6 +304,14 @@ if (run.probe) {
   })();
 }
 
+// A client leaves when its IPC channel closes, but one the nemesis stopped (SIGSTOP) cannot:
+// were this process to end (a crash, the watchdog) while one is stopped, it would stay stopped
+// for good and keep the pipes it inherited open, which holds whoever reads them.
+process.on('exit', () => {
+  for (const c of clients) c.child?.kill('SIGKILL');
+  probe?.child.kill('SIGKILL');
+});
+
 // Whose flow the proxy dropped (net-silent-cut): the client process holding the socket whose
 // local port is the flow's client port, from /proc (Linux): the socket's inode in
 // /proc/net/tcp, then which client process has it open.
@@ -439,7 +472,11 @@ clockSamples.push([now(), Date.now()]);
 const { fastest, ms: driftMs } = clockDriftMs(clockSamples);
 run.clockDriftMs = driftMs;
 log(`wall clock vs monotonic: up to ${(fastest * 1000).toFixed(2)} ms/s fast, ${run.clockDriftMs} ms per lease`);
+// Logged first: a run stuck from here on (no answer to its own watchdog) is stuck judging.
+log(`judging the history: ${history.length} events`);
 const verdict = check(history, run);
+// The watchdog stays armed (unref'd): a process still alive after its verdict is stuck too.
+phase = 'after the verdict, something kept the process alive';
 const redisVersion = (() => { try { return execFileSync('redis-server', ['--version'], { encoding: 'utf8' }).match(/v=(\S+)/)?.[1]; } catch { return null; } })();
 const summary = {
   // The files' names only: a summary is committed, and no path of this machine may be in it.
