@@ -45,14 +45,14 @@ function chaos(args, limitMs) {
       child.stderr.destroy();
       const summary = existsSync(out) ? JSON.parse(readFileSync(out, 'utf8')) : null;
       rmSync(dir, { recursive: true, force: true });
-      resolve({ code, stdout, stderr, summary, timedOut });
+      resolve({ code, stdout, stderr, summary, timedOut, limitMs });
     });
   });
 }
 
 // The run ended by itself, within its limit, and did not report itself stuck (exit code 3).
-function assertFinished(run, limitMs) {
-  assert.ok(!run.timedOut && run.code !== 3, `the run was stuck${run.timedOut ? ` and killed after ${limitMs / 1000} s` : ''}; its last lines:\n${run.stderr.slice(-3000)}\n${run.stdout.slice(-1000)}`);
+function assertFinished(run) {
+  assert.ok(!run.timedOut && run.code !== 3, `the run was stuck${run.timedOut ? ` and killed after ${run.limitMs / 1000} s` : ''}; its last lines:\n${run.stderr.slice(-3000)}\n${run.stdout.slice(-1000)}`);
 }
 
 const totalFaults = (s) => Object.values(s.faultsByKind).reduce((a, b) => a + b, 0);
@@ -68,7 +68,7 @@ function assertSignalHolders(s) {
 
 test('a short seeded standalone chaos run (server killed and restarted, stops, OOM, cut, stalled and silently dropped connections, killed clients) holds every invariant', { skip: external, timeout: 200_000 }, async () => {
   const run = await chaos(['--seconds', '30', '--seed', '16001', '--mode', 'standalone'], 190_000);
-  assertFinished(run, 190_000);
+  assertFinished(run);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -82,7 +82,7 @@ test('a short seeded standalone chaos run (server killed and restarted, stops, O
 
 test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed and stopped primaries, lagging replicas) holds every invariant', { skip: external, timeout: 260_000 }, async () => {
   const run = await chaos(['--seconds', '40', '--seed', '16002', '--mode', 'sentinel', '--min-replicas', '1'], 250_000);
-  assertFinished(run, 250_000);
+  assertFinished(run);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -94,7 +94,7 @@ test('a short seeded Sentinel chaos run with minReplicas 1 (failovers, killed an
 test('a short seeded Cluster chaos run, both notification modes (masters killed and rejoining, forced and graceful failovers, a stopped master, a lock key\'s slot migrated) holds every invariant', { skip: external, timeout: 360_000 }, async () => {
   // mixed: even processes `namespace`, odd ones `per-key`, so one run covers both.
   const run = await chaos(['--seconds', '45', '--seed', '23001', '--mode', 'cluster', '--notifications', 'mixed'], 350_000);
-  assertFinished(run, 350_000);
+  assertFinished(run);
   assert.equal(run.code, 0, `the run failed:\n${run.stdout.slice(-6000)}\n${run.stderr.slice(-2000)}`);
   const s = run.summary;
   assert.equal(s.result, 'pass');
@@ -111,7 +111,7 @@ test('the checker catches a driver whose release skips the owner check (mutant b
   // after its first overrunning lease), however slowly a busy machine gets there; the
   // verdict is the whole history's, as in any run.
   const run = await chaos(['--seconds', '60', '--seed', '16003', '--mode', 'standalone', '--mutant', 'release-without-owner-check', '--stop-at-violation'], 140_000);
-  assertFinished(run, 140_000);
+  assertFinished(run);
   const s = run.summary;
   const seen = s && `granted ${s.acquisitions.granted} leases, faults ended early: ${JSON.stringify(s.stoppedAtViolation)}, `
     + `overlaps excused as wall-clock drift: ${s.overlapsWithinClockDrift} (allowance ${s.setup.clockDriftMs} ms), `
