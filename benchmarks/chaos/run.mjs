@@ -123,14 +123,8 @@ const log = (msg) => {
 // A run that overstays its length by far is stuck: it says where and ends with exit code 3
 // (its servers and clients die with it) rather than hold a test suite until CI's limit.
 // The bound is far past the slowest healthy run (a failover's recovery, healing, stopping).
-// (nemesis and clients do not exist yet while the servers start.)
-const state = () => {
-  try {
-    return `${nemesis.describe()}; clients alive: ${clients.filter((c) => c.child).length} of ${run.procs}`;
-  } catch {
-    return 'no clients yet';
-  }
-};
+// What it says of the faults and clients, once they exist (set below, with the nemesis).
+let state = () => 'no clients yet';
 const watchdog = setTimeout(() => {
   process.stderr.write(`[chaos] STUCK ${(now() - t0) / 1000 | 0} s after the start; last phase: ${phase}; ${state()}\n`);
   process.exit(3);
@@ -359,6 +353,7 @@ const nemesis = createNemesis({
     },
   },
 });
+state = () => `${nemesis.describe()}; clients alive: ${clients.filter((c) => c.child).length} of ${run.procs}`;
 
 // ---------------------------------------------------------------- the run ----
 // The wall clock's rate against CLOCK_MONOTONIC, sampled every second: Redis expires keys on
