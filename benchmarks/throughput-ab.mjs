@@ -3,7 +3,7 @@
 // run alternately for build A and build B in ABBA order, so drift on the shared machine falls
 // on both. Reports per in-flight level the median of each build, the ratio of medians B / A,
 // and B / A of each consecutive pair of runs, for pairs/s, JS-thread CPU per pair and the
-// whole process's CPU per pair (every thread).
+// whole process's CPU per pair (every thread), and the other threads' (the addon's runtime).
 //
 //   node benchmarks/throughput-ab.mjs --a DIR --b DIR [--label-a before] [--label-b after]
 //     [--rounds 4] [--seconds 2] [--purpose TEXT] [--out DIR]
@@ -36,6 +36,8 @@ const METRICS = [
   ['pairsPerSec', 'pairs/s', (m) => m.pairsPerSec.median],
   ['jsCpuPerPairUs', 'JS-thread CPU per pair (µs)', (m) => m.jsCpuPerPairUs],
   ['cpuPerPairUs', 'process CPU per pair (µs)', (m) => m.cpuPerPairUs],
+  // Every thread but the JS thread: the addon's runtime, and Node's own helpers (GC, libuv).
+  ['otherThreadsCpuPerPairUs', "other threads' CPU per pair (µs)", (m) => m.otherThreadsCpuPerPairUs],
 ];
 
 const start = runStart(import.meta.url);

@@ -23,6 +23,8 @@ use crate::lease::{Ended, Watcher};
 use crate::options::{self, Raw};
 
 mod dispatch;
+#[cfg(feature = "bench-floor")]
+mod floor;
 mod logging;
 mod settle;
 

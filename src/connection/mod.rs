@@ -27,6 +27,9 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, Value};
 
 pub(crate) use cluster::{ping_nodes, ClusterConn};
+// The benchmarks' floor build measures this connection with no driver on it.
+#[cfg(all(feature = "bench-floor", not(test)))]
+pub(crate) use lane::Lane;
 pub(crate) use liveness::{Answer, Liveness, Quiet};
 pub use pubsub::SubscribeFailure;
 pub(crate) use pubsub::{refuses_subscribe, ShardPushes};
