@@ -157,53 +157,46 @@ fn token(serial: u32) -> String {
 /// driver packs it, with the token of `serial`: whether Redis answered without an error.
 #[napi]
 pub fn floor_lane_acquire(env: &Env, key: String, serial: u32) -> Result<PromiseRaw<'_, bool>> {
-    let (lane, namespace) = lane()?;
-    super::settle::spawn(
-        env,
-        super::runtime(),
-        async move {
-            let lock = format!("{namespace}:lock:{{{key}}}");
-            let fence = format!("{namespace}:lock-fence:{{{key}}}");
-            let (token, lease_ms) = (token(serial), "30000");
-            let sha = crate::scripts::ACQUIRE.sha();
-            let args: [&[u8]; 7] = [
-                b"EVALSHA",
-                sha.as_bytes(),
-                b"2",
-                lock.as_bytes(),
-                fence.as_bytes(),
-                token.as_bytes(),
-                lease_ms.as_bytes(),
-            ];
-            answered(lane.send_packed(|out| pack(out, &args)).await)
-        },
-        || false,
-    )
+    lane_script(env, &crate::scripts::ACQUIRE, "2", move |namespace| {
+        let lock = format!("{namespace}:lock:{{{key}}}");
+        [lock, format!("{namespace}:lock-fence:{{{key}}}"), token(serial), "30000".into()]
+    })
 }
 
 /// Runs release.lua for `key` and the token of `serial`, as [`floor_lane_acquire`] runs
 /// acquire.lua.
 #[napi]
 pub fn floor_lane_release(env: &Env, key: String, serial: u32) -> Result<PromiseRaw<'_, bool>> {
+    lane_script(env, &crate::scripts::RELEASE, "1", move |namespace| {
+        let lock = format!("{namespace}:lock:{{{key}}}");
+        [lock, token(serial), format!("{namespace}:lock-released"), key]
+    })
+}
+
+/// EVALSHA of `script` with `numkeys` and the four keys and arguments `args` makes from the
+/// namespace, made and packed on the runtime's thread, sent on the lane.
+fn lane_script<'env>(
+    env: &'env Env,
+    script: &'static crate::scripts::LuaScript,
+    numkeys: &'static str,
+    args: impl FnOnce(&str) -> [String; 4] + Send + 'static,
+) -> Result<PromiseRaw<'env, bool>> {
     let (lane, namespace) = lane()?;
     super::settle::spawn(
         env,
         super::runtime(),
         async move {
-            let lock = format!("{namespace}:lock:{{{key}}}");
-            let channel = format!("{namespace}:lock-released");
-            let token = token(serial);
-            let sha = crate::scripts::RELEASE.sha();
-            let args: [&[u8]; 7] = [
+            let [a, b, c, d] = args(&namespace);
+            let all: [&[u8]; 7] = [
                 b"EVALSHA",
-                sha.as_bytes(),
-                b"1",
-                lock.as_bytes(),
-                token.as_bytes(),
-                channel.as_bytes(),
-                key.as_bytes(),
+                script.sha().as_bytes(),
+                numkeys.as_bytes(),
+                a.as_bytes(),
+                b.as_bytes(),
+                c.as_bytes(),
+                d.as_bytes(),
             ];
-            answered(lane.send_packed(|out| pack(out, &args)).await)
+            answered(lane.send_packed(|out| pack(out, &all)).await)
         },
         || false,
     )
