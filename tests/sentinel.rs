@@ -36,6 +36,20 @@ fn holds(server: &RedisServer, namespace: &str, key: &str) -> bool {
     value(&server.command(&["EXISTS", &lock_key(namespace, key)])) == "1"
 }
 
+/// Scripts that ran on `server` (a NOSCRIPT counts as a failed call of EVALSHA, then EVAL
+/// runs). Redis counts one once it ran, and its reply is then on its way.
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.command(&["INFO", "commandstats"]);
+    let field = |command: &str, name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(name)))
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    ["evalsha", "eval"].iter().map(|c| field(c, "calls=") - field(c, "failed_calls=")).sum()
+}
+
 fn fence(lease: &dokebi_lock_redis::Lease) -> u128 {
     lease.fence.parse().expect("a decimal fence")
 }
@@ -143,21 +157,6 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
     // its own short safety poll it could send an attempt on the dead connection before the
     // driver saw the kill: OUTCOME_UNKNOWN, which the contract allows and which ends a wait.
     let waiter = ha_driver(&sentinel, "killed", &[("notifyPollIntervalMs", 20_000.0)]);
-    // Scripts that ran (a NOSCRIPT counts as a failed call of EVALSHA, then EVAL runs).
-    let script_calls = |server: &RedisServer| {
-        let stats = server.command(&["INFO", "commandstats"]);
-        let field = |command: &str, name: &str| -> u64 {
-            stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-                .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(name)))
-                .map_or(0, |n| n.parse().unwrap())
-        };
-        ["evalsha", "eval"]
-            .iter()
-            .map(|c| field(c, "calls=") - field(c, "failed_calls="))
-            .sum::<u64>()
-    };
     let held = acquire(&holder, "k", 5_000).await.unwrap();
 
     let started = Instant::now();
@@ -791,17 +790,26 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     wait_for_replicas(promoted, 1, Duration::from_secs(15));
 
     // Killed: the remaining replica takes over while an acquire waits for a short lease.
-    let holder = ha_driver(&sentinel, "fences", &[("leaseMs", 1_500.0), ("minReplicas", 1.0)]);
+    let holder = ha_driver(&sentinel, "fences", &[("leaseMs", 5_000.0), ("minReplicas", 1.0)]);
     let held = acquire(&holder, "k", 10_000).await.unwrap();
     assert!(holds(promoted, "fences", "k"));
     fences.push(fence(&held));
-    let last = ha_driver(&sentinel, "fences", &[]);
+    // The kill must find the waiter asleep, as in `a_waiting_acquire_rides_out_a_killed_primary`:
+    // an attempt in flight then has an unknown outcome, which ends a wait (seen once in a
+    // loaded server-matrix run, when the waiter still checked every notifyPollIntervalMs).
+    // So it sleeps on its subscription, and the kill waits until the check the confirmed
+    // subscription makes has been answered: Redis counts a script once it ran.
+    let last = ha_driver(&sentinel, "fences", &[("notifyPollIntervalMs", 20_000.0)]);
+    let scripts_before = script_calls(promoted);
     let wait = {
         let last = last.clone();
-        tokio::spawn(async move { acquire(&last, "k", 20_000).await })
+        tokio::spawn(async move { acquire(&last, "k", 30_000).await })
     };
-    eventually("the acquire to wait", Duration::from_secs(5), || {
+    eventually("the acquire to wait, its checks answered", Duration::from_secs(5), || {
+        let attempts = last.stats().redis_attempts;
         last.subscription_state() == SubscriptionState::Live
+            && attempts >= 2
+            && script_calls(promoted) - scripts_before >= attempts
     })
     .await;
     let promoted_port = promoted.port;
