@@ -253,12 +253,18 @@ async fn after_a_killed_primary_the_subscription_moves_to_the_new_one_without_wa
     let holder = ha_driver(&sentinel, "killed-sub", &[("leaseMs", 60_000.0), ("minReplicas", 1.0)]);
     let waiter = ha_driver(&sentinel, "killed-sub", &slow);
     let held = acquire(&holder, "k", 5_000).await.unwrap();
+    let scripts_before = script_calls(&old);
     let wait = {
         let waiter = waiter.clone();
         tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
     };
-    eventually("the waiter's subscription", Duration::from_secs(5), || {
+    // The kill must find the waiter asleep: the check its confirmed subscription makes has
+    // been answered (an attempt in flight at the kill has an unknown outcome, ending a wait).
+    eventually("the waiter's subscription, its checks answered", Duration::from_secs(5), || {
+        let attempts = waiter.stats().redis_attempts;
         waiter.subscription_state() == SubscriptionState::Live
+            && attempts >= 2
+            && script_calls(&old) - scripts_before >= attempts
     })
     .await;
 
