@@ -9,7 +9,8 @@
 //! decision 0180) with no driver on it: the acquire and release scripts packed on the
 //! runtime's thread and sent on it, with no key hashing, wait line, lease, timer or reply
 //! read. `benchmarks/floor-driver.cjs` drives them in the shape of the driver, so
-//! `benchmarks/throughput-ab.mjs` can run them against a build.
+//! `benchmarks/throughput-ab.mjs` can run them against a build. Below both, a call that
+//! crosses and is settled with no I/O at all measures the crossing alone (decision 0187).
 //!
 //! Built only by `npm run build:bench-floor` (feature `bench-floor`, written to
 //! target/bench-floor/): never the published addon.
@@ -92,6 +93,13 @@ async fn round_trip(socket: &TcpStream, mut unwritten: &[u8]) -> io::Result<()> 
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Crosses to the runtime's thread and back with no I/O and no work: what the crossing alone
+/// (the settler's promise, the dispatcher, the settle) costs per call, below any connection.
+#[napi]
+pub fn floor_crossing(env: &Env) -> Result<PromiseRaw<'_, bool>> {
+    super::settle::spawn(env, super::runtime(), async { true }, || false)
 }
 
 /// The driver's own connection of the process and its key prefix, for the lane's floor.
