@@ -151,7 +151,9 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
     // The holder's lease and fence reach the replica before it is handed out (minReplicas:
     // Redis 7.0 counts a fresh replica only from its first ack, so the acquire may wait).
     // The waiter has none: after the kill the promoted replica has no replica of its own.
-    let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 2_000.0), ("minReplicas", 1.0)]);
+    // A waiter also tries again when the lease it waits on ends: 10 s, far past the kill
+    // even on a loaded machine, so that try is not the one in flight when it comes.
+    let holder = ha_driver(&sentinel, "killed", &[("leaseMs", 10_000.0), ("minReplicas", 1.0)]);
     // The waiter sleeps on its subscription, so what wakes it after the kill is the loss of
     // that subscription, once the command connection has been asked (decision 0111). With
     // its own short safety poll it could send an attempt on the dead connection before the
@@ -162,7 +164,7 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
     let started = Instant::now();
     let wait = {
         let waiter = waiter.clone();
-        tokio::spawn(async move { acquire(&waiter, "k", 20_000).await })
+        tokio::spawn(async move { acquire(&waiter, "k", 40_000).await })
     };
     eventually("the acquire to wait on the old primary", Duration::from_secs(5), || {
         waiter.subscription_state() == SubscriptionState::Live
@@ -176,9 +178,12 @@ async fn a_waiting_acquire_rides_out_a_killed_primary_and_gets_the_lock_on_the_n
         waiter.stats().redis_attempts >= 2 && script_calls(&old) >= attempts
     })
     .await;
+    let killed_after = started.elapsed();
     old.kill();
-    let lease = wait.await.unwrap().expect("the waiting acquire rode the failover out");
-    assert!(started.elapsed() < Duration::from_secs(20));
+    let lease = wait.await.unwrap().unwrap_or_else(|err| {
+        panic!("the wait rode the failover out: {err:?}; the kill came {killed_after:?} in")
+    });
+    assert!(started.elapsed() < Duration::from_secs(40));
     assert!(holds(&new, "killed", "k"), "the lock is on the promoted replica");
     assert!(fence(&lease) > fence(&held), "fences rise across the failover");
     assert!(waiter.primary_switches() >= 1);
@@ -796,8 +801,11 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     wait_for_replicas(promoted, 1, Duration::from_secs(15));
 
     // Killed: the remaining replica takes over while an acquire waits for a short lease.
-    let holder = ha_driver(&sentinel, "fences", &[("leaseMs", 5_000.0), ("minReplicas", 1.0)]);
+    // The waiter below tries again when this lease ends: 10 s, far past the kill even on a
+    // loaded machine, so that try is not in flight at the kill either.
+    let holder = ha_driver(&sentinel, "fences", &[("leaseMs", 10_000.0), ("minReplicas", 1.0)]);
     let held = acquire(&holder, "k", 10_000).await.unwrap();
+    let held_at = Instant::now();
     assert!(holds(promoted, "fences", "k"));
     fences.push(fence(&held));
     // The kill must find the waiter asleep, as in `a_waiting_acquire_rides_out_a_killed_primary`:
@@ -809,7 +817,7 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     let scripts_before = script_calls(promoted);
     let wait = {
         let last = last.clone();
-        tokio::spawn(async move { acquire(&last, "k", 30_000).await })
+        tokio::spawn(async move { acquire(&last, "k", 40_000).await })
     };
     eventually("the acquire to wait, its checks answered", Duration::from_secs(5), || {
         let attempts = last.stats().redis_attempts;
@@ -820,8 +828,11 @@ async fn fences_keep_rising_across_a_graceful_failover_then_a_killed_primary() {
     .await;
     let promoted_port = promoted.port;
     let mut promoted = if promoted_port == second.port { second } else { third };
+    let killed_after = held_at.elapsed();
     promoted.kill();
-    let lease = wait.await.unwrap().expect("the waiting acquire rode the second failover out");
+    let lease = wait.await.unwrap().unwrap_or_else(|err| {
+        panic!("the wait rode the second failover out: {err:?}; the kill came {killed_after:?} in")
+    });
     fences.push(fence(&lease));
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
