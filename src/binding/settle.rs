@@ -5,19 +5,23 @@
 //! uv_async handle) for every promise. On the lock's hot path that was most of the Node CPU
 //! per acquire/release pair. Here one threadsafe function lives as long as the JS thread's
 //! environment, and completions queue beside it: one call of it per batch, made when the
-//! queue stops being empty, and the JS thread settles the whole batch in that one call. It
-//! is ref'd only while promises of that thread are pending, so it keeps Node alive exactly
-//! as a pending promise should, and never after.
+//! queue stops being empty, and the JS thread settles the whole batch in that one call.
+//! While other replies are due, that call waits for the end of the runtime's turn, so the
+//! batch holds every settlement of the turn (decision 0188). It is ref'd only while
+//! promises of that thread are pending, so it keeps Node alive exactly as a pending
+//! promise should, and never after.
 
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use futures::task::AtomicWaker;
 use futures::FutureExt;
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -249,6 +253,78 @@ fn settler(env: sys::napi_env) -> Result<Handle> {
     Ok(handle)
 }
 
+/// Calls `settler`'s threadsafe function: its JS thread wakes and settles the whole batch.
+fn wake_js(settler: &Settler) {
+    let guard = lock(&settler.tsfn);
+    let called = match *guard {
+        Some(tsfn) => unsafe {
+            sys::napi_call_threadsafe_function(
+                tsfn as sys::napi_threadsafe_function,
+                ptr::null_mut(),
+                sys::ThreadsafeFunctionCallMode::nonblocking,
+            ) == sys::Status::napi_ok
+        },
+        None => false,
+    };
+    drop(guard);
+    if !called {
+        // The environment is gone (or going): nobody can observe these promises.
+        lock(&settler.queue).clear();
+    }
+}
+
+/// Settlers whose JS thread is woken once the runtime's thread has run every task ready now
+/// (decision 0188).
+struct TurnEnd {
+    settlers: Mutex<Vec<Handle>>,
+    /// The [`wake_at_turn_end`] task, woken when `settlers` stops being empty.
+    waker: AtomicWaker,
+}
+
+static TURN_END: TurnEnd = TurnEnd { settlers: Mutex::new(Vec::new()), waker: AtomicWaker::new() };
+
+/// Started on first use; it runs as long as the runtime (the process).
+static TURN_END_STARTED: std::sync::Once = std::sync::Once::new();
+
+/// Wakes `settler`'s JS thread at the end of the runtime's turn. Runs on the runtime.
+fn wake_js_at_turn_end(settler: Handle) {
+    TURN_END_STARTED.call_once(|| {
+        tokio::spawn(wake_at_turn_end());
+    });
+    let first = {
+        let mut settlers = lock(&TURN_END.settlers);
+        settlers.push(settler);
+        settlers.len() == 1
+    };
+    if first {
+        TURN_END.waker.wake();
+    }
+}
+
+/// The one task that wakes JS threads at the end of a turn. `yield_now` puts it behind
+/// every task that is ready and behind a poll of the I/O driver (tokio defers a yielded
+/// task until the worker runs out of work, or at its next I/O check, 61 tasks later at
+/// most): a settlement made meanwhile joins the batch the JS thread is woken for.
+async fn wake_at_turn_end() {
+    loop {
+        poll_fn(|cx| {
+            // Registered before the list is read: a settler pushed after it wakes us.
+            TURN_END.waker.register(cx.waker());
+            if lock(&TURN_END.settlers).is_empty() {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+        tokio::task::yield_now().await;
+        let settlers = std::mem::take(&mut *lock(&TURN_END.settlers));
+        for settler in settlers {
+            wake_js(&settler);
+        }
+    }
+}
+
 fn check(status: sys::napi_status) -> Result<()> {
     if status == sys::Status::napi_ok {
         Ok(())
@@ -327,21 +403,14 @@ where
             queue.len() == 1
         };
         if first {
-            let guard = lock(&handle.tsfn);
-            let called = match *guard {
-                Some(tsfn) => unsafe {
-                    sys::napi_call_threadsafe_function(
-                        tsfn as sys::napi_threadsafe_function,
-                        ptr::null_mut(),
-                        sys::ThreadsafeFunctionCallMode::nonblocking,
-                    ) == sys::Status::napi_ok
-                },
-                None => false,
-            };
-            drop(guard);
-            if !called {
-                // The environment is gone (or going): nobody can observe these promises.
-                lock(&handle.queue).clear();
+            // Woken at the first settlement of a turn, the JS thread took it alone, while
+            // the runtime's thread settled the rest, and it was woken again for them; the
+            // thread woken also blocked on the threadsafe function's lock, held by the call
+            // that woke it. With no other reply due there is nothing to wait for.
+            if due() == 0 {
+                wake_js(&handle);
+            } else {
+                wake_js_at_turn_end(handle);
             }
         }
     };
