@@ -6,8 +6,8 @@
 //! per acquire/release pair. Here one threadsafe function lives as long as the JS thread's
 //! environment, and completions queue beside it: one call of it per batch, made when the
 //! queue stops being empty, and the JS thread settles the whole batch in that one call.
-//! While other replies are due, that call waits for the end of the runtime's turn, so the
-//! batch holds every settlement of the turn (decision 0188). It is ref'd only while
+//! While many other replies are due, that call waits for the end of the runtime's turn, so
+//! the batch holds every settlement of the turn (decision 0188). It is ref'd only while
 //! promises of that thread are pending, so it keeps Node alive exactly as a pending
 //! promise should, and never after.
 
@@ -66,7 +66,8 @@ fn stay_awake_for() -> Duration {
 }
 
 /// With more replies due than this, the thread is busy anyway: polling would only take a
-/// core from Redis and the JS thread.
+/// core from Redis and the JS thread. With this many or fewer, the spin may run, and a JS
+/// thread is woken at once for a settlement, not at the end of the turn (decision 0188).
 const STAY_AWAKE_MAX_DUE: usize = 2;
 
 /// Whether a [`stay_awake`] task runs now (one at a time).
@@ -406,8 +407,10 @@ where
             // Woken at the first settlement of a turn, the JS thread took it alone, while
             // the runtime's thread settled the rest, and it was woken again for them; the
             // thread woken also blocked on the threadsafe function's lock, held by the call
-            // that woke it. With no other reply due there is nothing to wait for.
-            if due() == 0 {
+            // that woke it. With few other replies due there is little to wait for, and the
+            // stay-awake spin may run: behind its `sched_yield`, a wake at the turn's end
+            // would come after another process's time slice (decision 0188).
+            if due() <= STAY_AWAKE_MAX_DUE {
                 wake_js(&handle);
             } else {
                 wake_js_at_turn_end(handle);
