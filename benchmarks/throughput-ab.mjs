@@ -6,7 +6,7 @@
 // whole process's CPU per pair (every thread), and the other threads' (the addon's runtime).
 //
 //   node benchmarks/throughput-ab.mjs --a DIR --b DIR [--label-a before] [--label-b after]
-//     [--rounds 4] [--seconds 2] [--purpose TEXT] [--out DIR]
+//     [--rounds 4] [--seconds 2] [--keys distinct|reused] [--purpose TEXT] [--out DIR]
 //
 // DIR holds index.js, binding.js and lock-redis.linux-x64-gnu.node (a checkout or worktree
 // after `npm run build`). A round is A B B A; each run is one throughput.bench.mjs --quick
@@ -26,10 +26,12 @@ const o = parseOptions(process.argv.slice(2), {
   'label-b': { type: 'string', default: 'B' },
   rounds: { type: 'string', default: '4' },
   seconds: { type: 'string', default: '2' },
+  keys: { type: 'string', default: 'distinct' },
   purpose: { type: 'string', default: '' },
   out: { type: 'string' },
 });
 if (!o.a || !o.b) throw new Error('--a DIR and --b DIR are required');
+if (!['distinct', 'reused'].includes(o.keys)) throw new Error('--keys is distinct or reused');
 const rounds = Number(o.rounds);
 const LEVELS = [1, 64, 256];
 const METRICS = [
@@ -45,14 +47,14 @@ const builds = { a: path.resolve(o.a), b: path.resolve(o.b) };
 const label = { a: o['label-a'], b: o['label-b'] };
 function runOnce(which) {
   const out = mkdtempSync(path.join(os.tmpdir(), `dokebi-ab-${which}-`));
-  const args = ['benchmarks/throughput.bench.mjs', '--quick', '--only', 'dokebi', '--seconds', o.seconds,
+  const args = ['benchmarks/throughput.bench.mjs', '--quick', '--only', 'dokebi', '--keys', o.keys, '--seconds', o.seconds,
     '--max-other-cpu', '1.5', '--retries', '0', '--out', out];
   execFileSync(process.execPath, args, { cwd: root, env: { ...process.env, DOKEBI_BENCH_PACKAGE: builds[which] }, stdio: ['ignore', 'ignore', 'inherit'] });
   const file = readdirSync(out).find((f) => f.endsWith('-throughput.json'));
   const result = JSON.parse(readFileSync(path.join(out, file), 'utf8'));
   const levels = {};
   for (const n of LEVELS) {
-    const m = result.results[`dokebi-${n}`].medians;
+    const m = result.results[o.keys === 'reused' ? `dokebi-reused-${n}` : `dokebi-${n}`].medians;
     levels[n] = Object.fromEntries(METRICS.map(([key, , get]) => [key, round(get(m), 2)]));
     levels[n].failures = m.failures;
     levels[n].otherCpuShare = m.otherCpuShare;
@@ -105,7 +107,7 @@ const base = path.join(dir, `${date}-throughput-ab`);
 writeFileSync(`${base}.json`, `${JSON.stringify(json, null, 1)}\n`);
 const md = [
   `# Throughput A/B: ${label.a} → ${label.b}`, '', o.purpose, '',
-  `Builds: ${buildLine(label.a, json.builds[label.a])}, ${buildLine(label.b, json.builds[label.b])}; ${rounds} rounds of A B B A, ${o.seconds} s windows. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
+  `Builds: ${buildLine(label.a, json.builds[label.a])}, ${buildLine(label.b, json.builds[label.b])}; ${rounds} rounds of A B B A, ${o.seconds} s windows, ${o.keys} keys. ${json.machine.cpu}, ${json.machine.cores} cores; Node ${process.version}; ${json.versions.redisServer.split(' ').slice(0, 3).join(' ')}.`,
   '', '    ' + start.commandLine, '',
   `| in flight | metric | ${label.a} (median) | ${label.b} (median) | ${label.b} / ${label.a} | paired ${label.b} / ${label.a} |`,
   '|---:|---|---:|---:|---:|---|',
