@@ -182,10 +182,8 @@ impl Lane {
 
 /// With more replies than this awaited, a caller leaves its command to the task, which writes
 /// every command queued in one `send` at the end of the runtime's turn: Redis has that many
-/// commands ahead of it, so it does not wait for them. Measured, not derived (decision 0189):
-/// above 32 the addon's threads spent 0.83× / 0.80× per pair at 64 / 256 in flight with no
-/// loss of pairs/s; above 8, pairs/s at 64 in flight fell to 0.84×, and with every command
-/// left to the task, to 0.70×.
+/// commands ahead of it, so it does not wait for them. Measured, not derived: a lower bound
+/// cost pairs/s at 64 in flight (decision 0189).
 const WRITE_AT_ONCE_UP_TO: usize = 32;
 
 /// Writes what `out` holds without waiting; false when the socket takes no more now.
