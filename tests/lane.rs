@@ -5,7 +5,10 @@
 mod common;
 mod support;
 
-use common::{driver, url};
+use std::time::Duration;
+
+use common::{driver, eventually, url};
+use dokebi_lock_redis::LockErrorCode;
 use support::RedisServer;
 use tokio_util::sync::CancellationToken;
 
@@ -66,4 +69,40 @@ async fn each_of_many_calls_in_flight_gets_its_own_reply() {
         assert!(released.unwrap(), "every release found its own lock");
     }
     d.shutdown().await.unwrap();
+}
+
+/// Redis stops answering with 256 acquires in flight on the one connection, so most of them
+/// wait for the connection's task to write them together (decision 0189), then dies: each
+/// acquire ends, as a failure whose outcome is unknown or that surely did not apply, and none
+/// waits on for a command that will never be written or answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_in_flight_all_end_when_redis_dies_under_them() {
+    if support::external() {
+        return;
+    }
+    let mut redis = RedisServer::start();
+    let d = driver(url(redis.url()), "dies", &[("maxWaiters", 1024.0)]);
+    // Connected, and the scripts loaded, before Redis stops.
+    let warm = d.acquire("warm", Some(0), CancellationToken::new()).await.unwrap();
+    assert!(d.release(&warm).await.unwrap());
+    let before = d.stats().redis_attempts;
+    redis.pause();
+    let acquires: Vec<_> = (0..256)
+        .map(|i| tokio::spawn(d.acquire(&format!("key-{i}"), Some(0), CancellationToken::new())))
+        .collect();
+    eventually("every acquire to make its attempt", Duration::from_secs(10), || {
+        d.stats().redis_attempts >= before + 256
+    })
+    .await;
+    redis.kill();
+    let ended = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(acquires))
+        .await
+        .expect("every acquire ends once Redis is gone");
+    for result in ended {
+        let err = result.unwrap().expect_err("Redis answered none of them");
+        assert!(
+            matches!(err.code, LockErrorCode::OutcomeUnknown | LockErrorCode::ProviderFailed),
+            "{err:?}"
+        );
+    }
 }
